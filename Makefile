@@ -1,0 +1,47 @@
+# stagescope: `make demo` and `make test` each work on a fresh machine (they create .venv first).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stagescope-installed
+
+.PHONY: demo test lint typecheck pytest bench lab dashboards alerts clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/stagescope demo
+
+test: $(STAMP) lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/gpu_exporter.py
+	$(BIN)/python benchmarks/loadgen.py
+	$(BIN)/python benchmarks/analysis.py
+
+dashboards: $(STAMP)
+	$(BIN)/stagescope dashboards build --out dashboards/generated
+
+alerts: $(STAMP)
+	$(BIN)/stagescope alerts build --slo alerts/slo.yaml --out alerts/generated
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[lab]'
+	$(BIN)/jupytext --to ipynb --output data/notebooks/incident_review.ipynb analysis/notebooks/incident_review.py
+	$(BIN)/jupyter lab --ip 127.0.0.1 --notebook-dir . data/notebooks/incident_review.ipynb
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

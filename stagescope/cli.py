@@ -1,0 +1,70 @@
+"""The ``stagescope`` command: a thin layer over the library.
+
+Each part of the project owns its commands in a module ``stagescope.<part>.cli`` that defines
+``register(subparsers)``; ``register`` adds one sub-parser and sets ``func`` (``args -> exit status``).
+Commands parse, delegate to the library, and turn a :class:`~stagescope.errors.UserError` into one line
+on stderr with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from stagescope.errors import EXIT_USAGE, UserError
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+#: The modules that register sub-commands, in the order ``stagescope --help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "stagescope.demo.cli",  # demo
+    "stagescope.service.cli",  # serve
+    "stagescope.loadgen.cli",  # load
+    "stagescope.analysis.cli",  # analyze
+    "stagescope.dashboards.cli",  # dashboards build
+    "stagescope.alerts.cli",  # alerts build
+    "stagescope.instrumentation.gpu.cli",  # gpu-exporter
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stagescope",
+        description="Find which stage ate your inference latency SLO, and which lever fixes it.",
+    )
+    from stagescope import __version__
+
+    parser.add_argument("--version", action="version", version=f"stagescope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a part not written yet; tests/test_cli.py requires all
+            if exc.name != module_name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(func(args) or 0)
+    except UserError as exc:
+        print(f"stagescope {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"stagescope {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

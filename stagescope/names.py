@@ -1,0 +1,275 @@
+"""Every telemetry name stagescope emits or reads, in one place.
+
+Metric names (with their unit suffix, ``_total`` on counters), label keys, span names and attribute
+keys, the stage and lever vocabularies and the histogram bucket sets live here. Instrumentation,
+dashboards, alerts, analysis and the external adapters import them; a test fails if a metric name is
+spelled out anywhere else.
+
+Units: every duration we emit is in **seconds** (Prometheus and OpenTelemetry convention) unless a
+name says otherwise; analysis output is in milliseconds and says so in its keys (``*_ms``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --------------------------------------------------------------------------------------------------
+# Stages: where a request's time goes. Each request's stage intervals are measured on one monotonic
+# clock (see stagescope.instrumentation.record) and published as child spans and histograms.
+# --------------------------------------------------------------------------------------------------
+STAGE_NETWORK: Final = "network"  # client-observed time not spent in the server (client minus server)
+STAGE_FEATURE_FETCH: Final = "feature_fetch"  # reading features from a feature store / cache
+STAGE_PREPROCESS: Final = "preprocess"  # CPU work turning the request into model input
+STAGE_BATCH_WAIT: Final = "batch_wait"  # enqueued -> batch closed (waiting for a dynamic batch to fill)
+STAGE_QUEUE: Final = "queue"  # batch closed -> executor free (waiting for a free executor / GPU)
+STAGE_COMPUTE: Final = "compute"  # model forward on the accelerator (GPU execution)
+STAGE_PREFILL: Final = "prefill"  # LLM: prompt processing up to the first token
+STAGE_DECODE: Final = "decode"  # LLM: first token -> last token
+STAGE_POSTPROCESS: Final = "postprocess"  # CPU work turning model output into the answer
+STAGE_EGRESS: Final = "egress"  # serialization and response write
+STAGE_COLD_START: Final = "cold_start"  # time a request waited for a model load
+
+STAGES: Final[tuple[str, ...]] = (
+    STAGE_NETWORK,
+    STAGE_FEATURE_FETCH,
+    STAGE_PREPROCESS,
+    STAGE_BATCH_WAIT,
+    STAGE_QUEUE,
+    STAGE_COMPUTE,
+    STAGE_PREFILL,
+    STAGE_DECODE,
+    STAGE_POSTPROCESS,
+    STAGE_EGRESS,
+    STAGE_COLD_START,
+)
+#: Stages that are waiting rather than working: tail latency mostly lives here.
+WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
+#: Time in no stage, reported by the analysis (never emitted by instrumentation).
+UNATTRIBUTED: Final = "unattributed"
+
+STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
+    STAGE_NETWORK: "client-observed latency minus server duration (network and proxies)",
+    STAGE_FEATURE_FETCH: "feature store / cache reads",
+    STAGE_PREPROCESS: "CPU preprocessing (tokenize, decode, resize, validate)",
+    STAGE_BATCH_WAIT: "waiting for a dynamic batch to fill (enqueue to batch close)",
+    STAGE_QUEUE: "waiting for a free executor / accelerator (batch close to execution start)",
+    STAGE_COMPUTE: "model forward on the accelerator (GPU execution)",
+    STAGE_PREFILL: "LLM prompt processing (prefill), up to the first token",
+    STAGE_DECODE: "LLM token generation after the first token",
+    STAGE_POSTPROCESS: "CPU postprocessing of model output",
+    STAGE_EGRESS: "response serialization and write",
+    STAGE_COLD_START: "waiting for a model load (cold start)",
+}
+
+# --------------------------------------------------------------------------------------------------
+# Levers: no-retrain fixes the analysis can recommend.
+# --------------------------------------------------------------------------------------------------
+LEVER_CACHE_FEATURES: Final = "cache-features"
+LEVER_CACHE_RESULTS: Final = "cache-results"
+LEVER_OFFLOAD_PREPROCESSING: Final = "offload-preprocessing"
+LEVER_CAP_BATCH_WAIT: Final = "cap-batch-wait"
+LEVER_REDUCE_BATCH_TOKENS: Final = "reduce-batch-tokens"
+LEVER_SCALE_OUT: Final = "scale-out"
+LEVER_PREWARM: Final = "prewarm"
+LEVER_QUANTIZE: Final = "quantize"
+LEVER_COMPILE_RUNTIME: Final = "compile-runtime"
+LEVER_SHRINK_RESPONSE: Final = "shrink-response"
+LEVER_CHUNKED_PREFILL: Final = "chunked-prefill"
+LEVER_SPECULATIVE_DECODING: Final = "speculative-decoding"
+
+LEVERS: Final[tuple[str, ...]] = (
+    LEVER_CACHE_FEATURES,
+    LEVER_CACHE_RESULTS,
+    LEVER_OFFLOAD_PREPROCESSING,
+    LEVER_CAP_BATCH_WAIT,
+    LEVER_REDUCE_BATCH_TOKENS,
+    LEVER_SCALE_OUT,
+    LEVER_PREWARM,
+    LEVER_QUANTIZE,
+    LEVER_COMPILE_RUNTIME,
+    LEVER_SHRINK_RESPONSE,
+    LEVER_CHUNKED_PREFILL,
+    LEVER_SPECULATIVE_DECODING,
+)
+
+# --------------------------------------------------------------------------------------------------
+# SLIs: which latency an SLO is about.
+# --------------------------------------------------------------------------------------------------
+SLI_E2E: Final = "e2e"  # server request duration (arrival to last byte written)
+SLI_TTFT: Final = "ttft"  # server: request arrival to first token written
+SLI_ITL: Final = "itl"  # server: gap between consecutive tokens of one stream (one sample per gap)
+SLIS: Final[tuple[str, ...]] = (SLI_E2E, SLI_TTFT, SLI_ITL)
+
+# --------------------------------------------------------------------------------------------------
+# Prometheus metric names (stagescope's own). Durations in seconds.
+# --------------------------------------------------------------------------------------------------
+METRIC_REQUEST_DURATION: Final = "stagescope_request_duration_seconds"  # histogram: route, model, status_class
+METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, model
+METRIC_QUEUE_DEPTH: Final = "stagescope_queue_depth"  # gauge: model; requests waiting (batch_wait + queue)
+METRIC_INFLIGHT: Final = "stagescope_inflight_requests"  # gauge: requests being served right now
+METRIC_BATCH_SIZE: Final = "stagescope_batch_size"  # histogram: model; items per executed batch
+METRIC_INTER_TOKEN: Final = "stagescope_inter_token_latency_seconds"  # histogram: model; one sample per gap
+METRIC_SPANS_EXPORTED: Final = "stagescope_spans_exported_total"  # counter: exporter
+METRIC_SPANS_DROPPED: Final = "stagescope_spans_dropped_total"  # counter: exporter, reason
+METRIC_REQUESTS_SHED: Final = "stagescope_requests_shed_total"  # counter: route, model; 429 answers
+METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; model (re)loads
+METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
+METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
+
+# OpenTelemetry GenAI semantic conventions, as Prometheus renders them (dots to underscores + unit).
+METRIC_GENAI_TTFT: Final = "gen_ai_server_time_to_first_token_seconds"  # arrival to first token
+METRIC_GENAI_TPOT: Final = "gen_ai_server_time_per_output_token_seconds"  # per request: decode / (n-1)
+METRIC_GENAI_REQUEST_DURATION: Final = "gen_ai_server_request_duration_seconds"
+
+# GPU exporter (dcgm-exporter names are read from its counters CSV; these are stagescope's own).
+METRIC_GPU_UP: Final = "stagescope_gpu_up"  # gauge: gpu; 0 when NVML calls for that GPU fail
+METRIC_GPU_EXPORTER_UP: Final = "stagescope_gpu_exporter_up"  # gauge: 0 when NVML is unavailable
+DCGM_GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
+DCGM_MEM_COPY_UTIL: Final = "DCGM_FI_DEV_MEM_COPY_UTIL"
+DCGM_FB_USED: Final = "DCGM_FI_DEV_FB_USED"
+DCGM_FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
+DCGM_POWER_USAGE: Final = "DCGM_FI_DEV_POWER_USAGE"
+DCGM_SM_CLOCK: Final = "DCGM_FI_DEV_SM_CLOCK"
+DCGM_GPU_TEMP: Final = "DCGM_FI_DEV_GPU_TEMP"
+DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+DCGM_BLANK_SENTINEL: Final = 9223372036854775794
+DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+SIMULATED_ACCELERATOR_MODEL_NAME: Final = "simulated-accelerator"
+
+# vLLM (prefix ``vllm:``, label ``model_name``).
+VLLM_NUM_RUNNING: Final = "vllm:num_requests_running"
+VLLM_NUM_WAITING: Final = "vllm:num_requests_waiting"
+VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+VLLM_REQUEST_SUCCESS: Final = "vllm:request_success_total"
+VLLM_TTFT: Final = "vllm:time_to_first_token_seconds"
+VLLM_ITL: Final = "vllm:inter_token_latency_seconds"
+VLLM_TPOT: Final = "vllm:request_time_per_output_token_seconds"
+VLLM_E2E: Final = "vllm:e2e_request_latency_seconds"
+VLLM_QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
+VLLM_PREFILL_TIME: Final = "vllm:request_prefill_time_seconds"
+VLLM_DECODE_TIME: Final = "vllm:request_decode_time_seconds"
+VLLM_INFERENCE_TIME: Final = "vllm:request_inference_time_seconds"
+VLLM_LABEL_MODEL: Final = "model_name"
+
+# Triton (labels ``model``, ``version``; cumulative microsecond counters).
+TRITON_REQUEST_SUCCESS: Final = "nv_inference_request_success"
+TRITON_REQUEST_FAILURE: Final = "nv_inference_request_failure"
+TRITON_INFERENCE_COUNT: Final = "nv_inference_count"
+TRITON_EXEC_COUNT: Final = "nv_inference_exec_count"
+TRITON_PENDING: Final = "nv_inference_pending_request_count"
+TRITON_REQUEST_DURATION_US: Final = "nv_inference_request_duration_us"
+TRITON_QUEUE_DURATION_US: Final = "nv_inference_queue_duration_us"
+TRITON_COMPUTE_INPUT_US: Final = "nv_inference_compute_input_duration_us"
+TRITON_COMPUTE_INFER_US: Final = "nv_inference_compute_infer_duration_us"
+TRITON_COMPUTE_OUTPUT_US: Final = "nv_inference_compute_output_duration_us"
+TRITON_GPU_UTILIZATION: Final = "nv_gpu_utilization"
+TRITON_GPU_MEMORY_USED: Final = "nv_gpu_memory_used_bytes"
+
+# --------------------------------------------------------------------------------------------------
+# Prometheus label keys.
+# --------------------------------------------------------------------------------------------------
+LABEL_ROUTE: Final = "route"  # route template, never the raw path
+LABEL_MODEL: Final = "model"  # from a configured set; others fold into OTHER_MODEL
+LABEL_STATUS_CLASS: Final = "status_class"  # "2xx", "4xx", "5xx"
+LABEL_STAGE: Final = "stage"
+LABEL_EXPORTER: Final = "exporter"
+LABEL_REASON: Final = "reason"
+LABEL_GPU: Final = "gpu"
+OTHER_MODEL: Final = "other"  # folded value for models outside the configured set
+UNMATCHED_ROUTE: Final = "unmatched"  # route label for paths that match no route template
+
+# --------------------------------------------------------------------------------------------------
+# Span names and attribute keys.
+# --------------------------------------------------------------------------------------------------
+#: Server span name: "{method} {route template}" as opentelemetry-instrumentation-fastapi names it.
+SERVER_SPAN_NAME_FORMAT: Final = "{method} {route}"
+ATTR_STAGE: Final = "stagescope.stage"  # on stage spans: the stage name
+ATTR_BATCH_SIZE: Final = "stagescope.batch_size"  # on the server span: size of the batch it ran in
+ATTR_INPUT_HASH: Final = "stagescope.input_hash"  # hash of the input, never the content
+ATTR_MODEL: Final = "stagescope.model"  # folded model label value
+ATTR_COLD_START: Final = "stagescope.cold_start"  # bool: request waited for a model load
+ATTR_QUEUE_DEPTH: Final = "stagescope.queue_depth"  # int: requests waiting when this one was enqueued
+ATTR_SAMPLED_REASON: Final = "stagescope.sampled_reason"  # "slow", "error", "baseline"
+ATTR_ITL_MEAN: Final = "stagescope.itl.mean"  # seconds, mean inter-token gap of this stream
+ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
+ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
+ATTR_TOKEN_GAPS: Final = "stagescope.itl.gaps"  # list of every gap in seconds (capped length)
+ATTR_ERROR_TYPE: Final = "error.type"
+
+# GenAI semantic conventions.
+GENAI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GENAI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GENAI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GENAI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GENAI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+# vLLM's llm_request span attributes (double, seconds).
+VLLM_SPAN_NAME: Final = "llm_request"
+VLLM_ATTR_QUEUE: Final = "gen_ai.latency.time_in_queue"
+VLLM_ATTR_TTFT: Final = "gen_ai.latency.time_to_first_token"
+VLLM_ATTR_E2E: Final = "gen_ai.latency.e2e"
+VLLM_ATTR_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+VLLM_ATTR_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+VLLM_ATTR_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+VLLM_ATTR_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+VLLM_ATTR_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+
+# --------------------------------------------------------------------------------------------------
+# Histogram bucket sets (seconds). Every set holds the non-integer SLO thresholds 0.25, 0.5 and 2.5 s
+# (and 0.3 s, the reference service's e2e SLO) so that latency SLIs can be read off a bucket.
+# --------------------------------------------------------------------------------------------------
+BUCKETS_REQUEST: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+BUCKETS_STAGE: Final[tuple[float, ...]] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.25, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+BUCKETS_BATCH_SIZE: Final[tuple[float, ...]] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# GenAI advisory buckets (OpenTelemetry semantic conventions), extended where an SLO needs a bound.
+BUCKETS_GENAI_REQUEST: Final[tuple[float, ...]] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.25, 0.32, 0.5, 0.64, 1.28, 2.5, 2.56, 5.12, 10.24, 20.48,
+    40.96, 81.92, 163.84, 327.68,
+)  # fmt: skip
+BUCKETS_GENAI_TTFT: Final[tuple[float, ...]] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    30.0, 60.0, 120.0,
+)  # fmt: skip
+BUCKETS_GENAI_TPOT: Final[tuple[float, ...]] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+BUCKETS_INTER_TOKEN: Final[tuple[float, ...]] = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15,
+    0.2, 0.25, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+#: Default bucket set per metric family; users override per family (see instrument_app's buckets=).
+DEFAULT_BUCKETS: Final[dict[str, tuple[float, ...]]] = {
+    METRIC_REQUEST_DURATION: BUCKETS_REQUEST,
+    METRIC_STAGE_DURATION: BUCKETS_STAGE,
+    METRIC_BATCH_SIZE: BUCKETS_BATCH_SIZE,
+    METRIC_GENAI_REQUEST_DURATION: BUCKETS_GENAI_REQUEST,
+    METRIC_GENAI_TTFT: BUCKETS_GENAI_TTFT,
+    METRIC_GENAI_TPOT: BUCKETS_GENAI_TPOT,
+    METRIC_INTER_TOKEN: BUCKETS_INTER_TOKEN,
+}
+
+#: The histogram each SLI is read from, for alerts and dashboards.
+SLI_HISTOGRAM: Final[dict[str, str]] = {
+    SLI_E2E: METRIC_REQUEST_DURATION,
+    SLI_TTFT: METRIC_GENAI_TTFT,
+    SLI_ITL: METRIC_INTER_TOKEN,
+}
+
+# --------------------------------------------------------------------------------------------------
+# Environment variables (explicit argument first, then these, then defaults).
+# --------------------------------------------------------------------------------------------------
+ENV_SPANS_DIR: Final = "STAGESCOPE_SPANS_DIR"
+ENV_SLOW_THRESHOLD_MS: Final = "STAGESCOPE_SLOW_THRESHOLD_MS"
+ENV_BASELINE_SAMPLE: Final = "STAGESCOPE_BASELINE_SAMPLE"
+ENV_MODELS: Final = "STAGESCOPE_MODELS"
+ENV_INSTRUMENTATION_MODE: Final = "STAGESCOPE_INSTRUMENTATION_MODE"
+
+__all__ = sorted(name for name in dir() if name.isupper())
