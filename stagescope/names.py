@@ -197,6 +197,7 @@ ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
 ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
 ATTR_TOKEN_GAPS: Final = "stagescope.itl.gaps"  # list of every gap in seconds (capped length)
 ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_CLIENT: Final = "stagescope.client"  # bool, on the load generator's CLIENT spans
 
 # GenAI semantic conventions.
 GENAI_OPERATION_NAME: Final = "gen_ai.operation.name"
