@@ -1,0 +1,416 @@
+"""Every Prometheus instrument stagescope publishes, owned by one object: :class:`StageMetrics`.
+
+Measuring is kept apart from publishing: the middleware, the batcher and the stream wrapper fill a
+:class:`~stagescope.instrumentation.record.RequestRecord` (timestamps from one monotonic clock) and
+call :meth:`StageMetrics.request_finished` once per request; that method turns the record into
+histogram observations. All durations are **seconds**. Metric and label names come from
+:mod:`stagescope.names` only.
+
+Families (labels in brackets):
+
+* ``stagescope_request_duration_seconds`` [route, model, status_class]: server e2e (arrival to last
+  byte handed to the server);
+* ``stagescope_stage_duration_seconds`` [stage, model]: one observation per stage interval;
+* ``stagescope_queue_depth`` [model] and ``stagescope_inflight_requests`` gauges;
+* ``stagescope_batch_size`` [model]: one observation per executed batch;
+* ``stagescope_requests_shed_total`` [route, model]: 429 answers;
+* ``stagescope_spans_exported_total`` [exporter] and ``stagescope_spans_dropped_total`` [exporter, reason];
+* ``stagescope_model_loads_total`` [model], ``stagescope_model_ready`` [model],
+  ``stagescope_executor_busy_seconds_total`` [model];
+* GenAI (OpenTelemetry semantic conventions as Prometheus renders them), label model:
+  ``gen_ai_server_time_to_first_token_seconds`` (arrival at the server to the first token handed to the
+  response, vLLM's definition), ``gen_ai_server_time_per_output_token_seconds`` (one per request:
+  first to last token divided by tokens - 1), ``gen_ai_server_request_duration_seconds`` (e2e of
+  requests that produced or consumed tokens), and ``stagescope_inter_token_latency_seconds`` (one
+  sample per gap between consecutive token hand-offs, vLLM's inter-token latency).
+
+Bounded labels: ``route`` is the route template the middleware found (a safety cap folds anything past
+``max_routes`` distinct values into ``names.UNMATCHED_ROUTE``); ``model`` is folded by
+:meth:`StageMetrics.fold_model` into a configured set (``models=`` argument, else ``STAGESCOPE_MODELS``,
+a comma list) with everything else reported as ``names.OTHER_MODEL``.
+
+Exemplars ``{"trace_id": <32 hex>}`` are attached to the latency histograms when a trace id is given;
+they are only shown when the scraper negotiates OpenMetrics (``Accept: application/openmetrics-text``),
+and prometheus-client does not keep them in multiprocess mode.
+
+Multiprocess (``uvicorn --workers N``, gunicorn): set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory
+before the workers start; every worker writes its values there and :func:`make_metrics_app` serves the
+sum over workers (gauges: ``livesum``; ``stagescope_model_ready``: ``livemax``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from stagescope import names
+from stagescope.instrumentation.record import RequestRecord
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "StageMetrics",
+    "default_metrics",
+    "make_metrics_app",
+    "resolve_buckets",
+    "set_default_metrics",
+    "status_class",
+]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: With no configured model set, the first this-many distinct model names keep their own label value.
+UNCONFIGURED_MODEL_CAP = 8
+#: Safety cap on distinct route label values (route templates are bounded by the app already).
+DEFAULT_MAX_ROUTES = 256
+NO_MODEL = ""  # label value for requests that name no model
+
+_HISTOGRAMS = (
+    names.METRIC_REQUEST_DURATION,
+    names.METRIC_STAGE_DURATION,
+    names.METRIC_BATCH_SIZE,
+    names.METRIC_GENAI_REQUEST_DURATION,
+    names.METRIC_GENAI_TTFT,
+    names.METRIC_GENAI_TPOT,
+    names.METRIC_INTER_TOKEN,
+)
+
+
+def resolve_buckets(overrides: Mapping[str, Sequence[float]] | None = None) -> dict[str, tuple[float, ...]]:
+    """Default bucket set per histogram family with ``overrides`` applied (keys: ``names.METRIC_*``).
+
+    Raises ``ValueError`` for an unknown family, an empty set, or bounds that are not strictly increasing.
+    """
+    out = dict(names.DEFAULT_BUCKETS)
+    for family, bounds in (overrides or {}).items():
+        if family not in out:
+            raise ValueError(
+                f"buckets: {family!r} is not a histogram family; known: {', '.join(_HISTOGRAMS)}"
+            )
+        vals = tuple(float(b) for b in bounds)
+        if not vals:
+            raise ValueError(f"buckets for {family} are empty")
+        if any(b <= a for a, b in itertools.pairwise(vals)):
+            raise ValueError(f"buckets for {family} must be strictly increasing, got {list(vals)}")
+        out[family] = vals
+    return out
+
+
+def status_class(code: int | None) -> str:
+    """``200 -> "2xx"``; ``None`` (no response started: the app raised) counts as ``"5xx"``."""
+    if code is None or not 100 <= code <= 599:
+        return "5xx"
+    return f"{code // 100}xx"
+
+
+class _Instruments:
+    """The prometheus-client objects of one registry (shared by every StageMetrics on that registry)."""
+
+    def __init__(self, registry: CollectorRegistry, buckets: dict[str, tuple[float, ...]]) -> None:
+        self.buckets = buckets
+        r = registry
+        m, route, stage_ = names.LABEL_MODEL, names.LABEL_ROUTE, names.LABEL_STAGE
+
+        def hist(name: str, doc: str, labels: tuple[str, ...]) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets[name])
+
+        self.request = hist(
+            names.METRIC_REQUEST_DURATION,
+            "Server request duration in seconds: arrival to last response byte handed to the server.",
+            (route, m, names.LABEL_STATUS_CLASS),
+        )
+        self.stage = hist(
+            names.METRIC_STAGE_DURATION,
+            "Seconds per stage interval of a request (batch_wait, queue, compute, ...).",
+            (stage_, m),
+        )
+        self.batch = hist(names.METRIC_BATCH_SIZE, "Items per executed batch.", (m,))
+        self.genai_request = hist(
+            names.METRIC_GENAI_REQUEST_DURATION,
+            "GenAI server request duration in seconds (requests that produced or consumed tokens).",
+            (m,),
+        )
+        self.ttft = hist(
+            names.METRIC_GENAI_TTFT,
+            "Seconds from request arrival at the server to the first token handed to the response.",
+            (m,),
+        )
+        self.tpot = hist(
+            names.METRIC_GENAI_TPOT,
+            "Per request: seconds from first to last token divided by (output tokens - 1).",
+            (m,),
+        )
+        self.itl = hist(
+            names.METRIC_INTER_TOKEN,
+            "Seconds between consecutive token hand-offs of one stream (one sample per gap).",
+            (m,),
+        )
+        self.queue_depth = Gauge(
+            names.METRIC_QUEUE_DEPTH,
+            "Requests waiting in the batcher (for a batch to fill or for a free executor).",
+            (m,),
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.inflight = Gauge(
+            names.METRIC_INFLIGHT,
+            "Requests being served right now.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.shed = Counter(
+            names.METRIC_REQUESTS_SHED, "Requests answered 429 (load shed).", (route, m), registry=r
+        )
+        self.exported = Counter(
+            names.METRIC_SPANS_EXPORTED, "Spans handed to an exporter successfully.", (names.LABEL_EXPORTER,),
+            registry=r,
+        )  # fmt: skip
+        self.dropped = Counter(
+            names.METRIC_SPANS_DROPPED,
+            "Spans dropped (exporter down, buffer full, ...).",
+            (names.LABEL_EXPORTER, names.LABEL_REASON),
+            registry=r,
+        )
+        self.loads = Counter(names.METRIC_MODEL_LOADS, "Model (re)loads.", (m,), registry=r)
+        self.ready = Gauge(
+            names.METRIC_MODEL_READY, "1 when the model is loaded and serving.", (m,), registry=r,
+            multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.busy = Counter(
+            names.METRIC_EXECUTOR_BUSY, "Seconds executors spent running batches.", (m,), registry=r
+        )
+        self.collectors: tuple[Any, ...] = (
+            self.request, self.stage, self.batch, self.genai_request, self.ttft, self.tpot, self.itl,
+            self.queue_depth, self.inflight, self.shed, self.exported, self.dropped, self.loads,
+            self.ready, self.busy,
+        )  # fmt: skip
+
+    def unregister(self, registry: CollectorRegistry) -> None:
+        for c in self.collectors:
+            with contextlib.suppress(KeyError):
+                registry.unregister(c)
+
+
+# registry -> its instruments, so that several StageMetrics (two instrument_app calls) share families.
+_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _instruments_for(registry: CollectorRegistry, buckets: dict[str, tuple[float, ...]]) -> _Instruments:
+    with _LOCK:
+        inst = _BY_REGISTRY.get(registry)
+        if inst is not None and inst.buckets == buckets:
+            return inst
+        if inst is not None:  # re-instrumented with other buckets: the new families replace the old
+            inst.unregister(registry)
+        inst = _Instruments(registry, buckets)
+        _BY_REGISTRY[registry] = inst
+        return inst
+
+
+def _models_from_env() -> frozenset[str] | None:
+    raw = os.environ.get(names.ENV_MODELS, "")
+    models = frozenset(m.strip() for m in raw.split(",") if m.strip())
+    return models or None
+
+
+class StageMetrics:
+    """Owns every stagescope Prometheus instrument of one registry and turns records into samples.
+
+    ``registry``: a ``CollectorRegistry`` (default: prometheus-client's global one). ``models``: the
+    model names that keep their own label value (default: ``STAGESCOPE_MODELS``; with neither, the
+    first ``UNCONFIGURED_MODEL_CAP`` names seen). ``buckets``: per-family bucket overrides keyed by
+    ``names.METRIC_*``. Label children are cached, so an observation costs one dict lookup plus
+    prometheus-client's own work.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        models: Iterable[str] | None = None,
+        buckets: Mapping[str, Sequence[float]] | None = None,
+        *,
+        max_routes: int = DEFAULT_MAX_ROUTES,
+    ) -> None:
+        self.registry = REGISTRY if registry is None else registry
+        self.buckets = resolve_buckets(buckets)
+        configured = frozenset(models) if models is not None else _models_from_env()
+        self.models: frozenset[str] | None = configured
+        self.max_routes = max_routes
+        self._i = _instruments_for(self.registry, self.buckets)
+        self._folded: dict[str | None, str] = {None: NO_MODEL}
+        self._routes: set[str] = set()
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    # -- label folding --------------------------------------------------------------------------
+    def fold_model(self, name: str | None) -> str:
+        """The label value for model ``name``: itself if configured, else ``names.OTHER_MODEL``."""
+        try:
+            return self._folded[name]
+        except KeyError:
+            pass
+        assert name is not None
+        if self.models is not None:
+            value = name if name in self.models else names.OTHER_MODEL
+        else:
+            admitted = sum(1 for v in self._folded.values() if v not in (NO_MODEL, names.OTHER_MODEL))
+            value = name if admitted < UNCONFIGURED_MODEL_CAP else names.OTHER_MODEL
+        if len(self._folded) < 10_000:  # memoise; past that, fold without remembering
+            self._folded[name] = value
+        return value
+
+    def _route(self, route: str) -> str:
+        if route in self._routes:
+            return route
+        if len(self._routes) >= self.max_routes:
+            return names.UNMATCHED_ROUTE
+        self._routes.add(route)
+        return route
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    # -- per request ----------------------------------------------------------------------------
+    def request_started(self) -> None:
+        """A request entered the server (inflight + 1)."""
+        self._i.inflight.inc()
+
+    def request_finished(self, record: RequestRecord, trace_id: str | None = None) -> None:
+        """Inflight - 1 and publish everything measured on ``record`` (call once, after its end).
+
+        ``trace_id`` (32 lowercase hex) becomes the exemplar of every latency observation; pass it only
+        for traces that are kept, so an exemplar never points at a trace that was sampled out.
+        """
+        i = self._i
+        i.inflight.dec()
+        model = self.fold_model(record.model)
+        ex = {"trace_id": trace_id} if trace_id else None
+        end = record.end_ns
+        route = self._route(record.route or names.UNMATCHED_ROUTE)
+        if end is not None:
+            dur = (end - record.start_ns) / 1e9
+            self._child(i.request, route, model, status_class(record.status_code)).observe(dur, ex)
+        if record.status_code == 429:
+            self._child(i.shed, route, model).inc()
+        for iv in record.stages:
+            self._child(i.stage, iv.stage, model).observe((iv.end_ns - iv.start_ns) / 1e9, ex)
+        tokens = record.token_ns
+        is_llm = bool(tokens) or record.output_tokens is not None or record.input_tokens is not None
+        if not is_llm:
+            return
+        if end is not None:
+            self._child(i.genai_request, model).observe((end - record.start_ns) / 1e9, ex)
+        if record.first_token_ns is not None:
+            self._child(i.ttft, model).observe((record.first_token_ns - record.start_ns) / 1e9, ex)
+        if len(tokens) >= 2:
+            itl = self._child(i.itl, model)
+            for a, b in itertools.pairwise(tokens):
+                itl.observe((b - a) / 1e9, ex)
+            n = record.output_tokens if record.output_tokens and record.output_tokens >= 2 else len(tokens)
+            self._child(i.tpot, model).observe((tokens[-1] - tokens[0]) / 1e9 / (n - 1), ex)
+
+    def request_shed(self, route: str, model: str | None = None) -> None:
+        """Count a request shed outside the middleware's view (429s that pass through
+        :meth:`request_finished` are already counted there: do not call both for one request)."""
+        self._child(self._i.shed, self._route(route), self.fold_model(model)).inc()
+
+    # -- span export ----------------------------------------------------------------------------
+    def span_exported(self, n: int, exporter: str) -> None:
+        if n:
+            self._child(self._i.exported, exporter).inc(n)
+
+    def span_dropped(self, n: int, exporter: str, reason: str) -> None:
+        if n:
+            self._child(self._i.dropped, exporter, reason).inc(n)
+
+    # -- batcher and model lifecycle ------------------------------------------------------------
+    def set_queue_depth(self, model: str | None, n: int) -> None:
+        """Requests waiting in the batcher of ``model`` right now."""
+        self._child(self._i.queue_depth, self.fold_model(model)).set(n)
+
+    def observe_batch(self, model: str | None, size: int) -> None:
+        """One executed batch of ``size`` items."""
+        self._child(self._i.batch, self.fold_model(model)).observe(size)
+
+    def executor_busy(self, model: str | None, seconds: float) -> None:
+        """An executor of ``model`` spent ``seconds`` running a batch."""
+        self._child(self._i.busy, self.fold_model(model)).inc(max(0.0, seconds))
+
+    def model_loaded(self, model: str | None) -> None:
+        self._child(self._i.loads, self.fold_model(model)).inc()
+
+    def set_model_ready(self, model: str | None, ready: bool) -> None:
+        self._child(self._i.ready, self.fold_model(model)).set(1 if ready else 0)
+
+    def unregister(self) -> None:
+        """Remove this registry's stagescope families (``uninstrument_app``)."""
+        with _LOCK:
+            if _BY_REGISTRY.get(self.registry) is self._i:
+                del _BY_REGISTRY[self.registry]
+            self._i.unregister(self.registry)
+        self._children.clear()
+
+
+_default: StageMetrics | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_metrics() -> StageMetrics:
+    """The StageMetrics installed by the latest ``instrument_app``; else one on the global registry."""
+    global _default
+    with _DEFAULT_LOCK:
+        if _default is None:
+            _default = StageMetrics()
+        return _default
+
+
+def set_default_metrics(metrics: StageMetrics | None) -> None:
+    """Install ``metrics`` as the default (``None``: the next :func:`default_metrics` creates one)."""
+    global _default
+    _default = metrics
+
+
+def make_metrics_app(registry: CollectorRegistry | None = None) -> Callable[..., Any]:
+    """An ASGI app answering GET with the exposition of ``registry`` (default: the global one).
+
+    Content negotiation is prometheus-client's: ``Accept: application/openmetrics-text`` gets OpenMetrics
+    (with exemplars), anything else the text format (no exemplars); gzip when accepted. When
+    ``PROMETHEUS_MULTIPROC_DIR`` is set (read here, when the app is built) the answer aggregates the
+    values every worker process wrote to that directory.
+    """
+    from prometheus_client import make_asgi_app
+
+    source: CollectorRegistry = REGISTRY if registry is None else registry
+    mp_dir = os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
+    if mp_dir:
+        from prometheus_client import multiprocess
+
+        source = CollectorRegistry()
+        multiprocess.MultiProcessCollector(source, path=mp_dir)
+    inner = make_asgi_app(source)
+
+    async def metrics_app(
+        scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        if scope.get("type") != "http":
+            if scope.get("type") == "lifespan":  # mounted standalone: accept lifespan politely
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "lifespan.startup":
+                        await send({"type": "lifespan.startup.complete"})
+                    elif msg["type"] == "lifespan.shutdown":
+                        await send({"type": "lifespan.shutdown.complete"})
+                        return
+            return
+        await inner(scope, receive, send)
+
+    return metrics_app
