@@ -1,0 +1,207 @@
+"""Library API of the load generator: build a schedule, run it open-loop, get results and a summary.
+
+>>> schedule = build_schedule(trace="external/llm_traces/azure2023/AzureLLMInferenceTrace_conv.csv",
+...                           rate=20.0, duration_s=30.0)                      # doctest: +SKIP
+>>> run = await run_load("http://127.0.0.1:8000", schedule, out="out/results.parquet",
+...                      spans_dir="out/spans")                                # doctest: +SKIP
+>>> run.summary.latency_ms["p99"]                                              # doctest: +SKIP
+
+:func:`load` is the same from synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+from stagescope.errors import UserError
+from stagescope.loadgen.bodies import GENERATE_ROUTE, PREDICT_ROUTE, BodyFactory
+from stagescope.loadgen.results import RequestResult, Summary, results_table, summarize, write_results
+from stagescope.loadgen.runner import Engine, ProgressSnapshot
+from stagescope.loadgen.schedule import Schedule, synthetic_schedule
+from stagescope.loadgen.spans import ClientSpanWriter
+from stagescope.loadgen.traces import read_trace
+from stagescope.names import ENV_SPANS_DIR
+
+__all__ = ["LoadRun", "build_schedule", "check_url", "default_route", "load", "run_load"]
+
+
+@dataclass
+class LoadRun:
+    """What a run produced: per-request results, their Arrow table, the summary, and where they went.
+
+    ``error`` is set when the run could not do its job (the server refused connections); the results
+    up to that point are still written.
+    """
+
+    results: list[RequestResult]
+    table: pa.Table
+    summary: Summary
+    out: Path | None
+    spans_written: int
+    error: str | None = None
+
+
+def build_schedule(
+    *,
+    rate: float | None = None,
+    arrival: str = "poisson",
+    duration_s: float | None = None,
+    trace: str | os.PathLike[str] | None = None,
+    speedup: float | None = None,
+    seed: int = 0,
+) -> Schedule:
+    """A synthetic schedule (``rate`` + ``arrival`` + ``duration_s``) or a trace replay.
+
+    A trace is replayed at ``speedup`` times its real pace, or time-scaled so its mean rate is ``rate``
+    (not both), and cut at ``duration_s`` seconds of the (scaled) replay.
+    """
+    if trace is None:
+        if rate is None or duration_s is None:
+            raise UserError("give --rate and --duration for a synthetic schedule, or --trace PATH")
+        if speedup is not None:
+            raise UserError("--speedup applies to --trace replays only")
+        return synthetic_schedule(rate, duration_s, arrival, seed)
+    schedule = read_trace(os.fspath(trace))
+    if speedup is not None and rate is not None:
+        raise UserError("give either --speedup or --rate for a trace replay, not both")
+    if speedup is not None:
+        schedule = schedule.scaled(speedup)
+    elif rate is not None:
+        schedule = schedule.scaled_to_rate(rate)
+    return schedule.limited(duration_s)
+
+
+def default_route(schedule: Schedule) -> str:
+    """``/v1/generate`` when the schedule has token counts (an LLM trace), else ``/v1/predict``."""
+    return GENERATE_ROUTE if schedule.prompt_tokens is not None else PREDICT_ROUTE
+
+
+async def check_url(url: str, timeout_s: float = 3.0) -> None:
+    """Raise :class:`UserError` (one line) unless a TCP connection to ``url``'s host and port opens."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"{url}: not an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout_s)
+    except TimeoutError:
+        raise UserError(f"{url}: no answer to a connection attempt within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise UserError(f"{url}: cannot connect: {exc.strerror or exc}") from None
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+def _spans_enabled(spans_dir: str | os.PathLike[str] | None) -> bool:
+    return spans_dir is not None or bool(
+        os.environ.get(ENV_SPANS_DIR) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+async def run_load(
+    url: str,
+    schedule: Schedule,
+    *,
+    route: str | None = None,
+    concurrency_cap: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    spans_dir: str | os.PathLike[str] | None = None,
+    span_writer: ClientSpanWriter | None = None,
+    progress: Callable[[ProgressSnapshot], None] | None = None,
+    stop: asyncio.Event | None = None,
+    timeout_s: float = 60.0,
+    grace_s: float = 5.0,
+    repeat_share: float = 0.0,
+    predict_dim: int = 16,
+    stream: bool = True,
+    seed: int = 0,
+    headers: Mapping[str, str] | None = None,
+    check_connect: bool = True,
+) -> LoadRun:
+    """Drive ``url`` open-loop with ``schedule``; write ``out`` (Parquet) and CLIENT spans; summarize.
+
+    ``route``: path appended to ``url`` (default from :func:`default_route`). ``spans_dir``: where the
+    embedded sink writes CLIENT spans (default ``$STAGESCOPE_SPANS_DIR``; OTLP/HTTP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; no spans when none of these is given). ``progress`` is
+    called about every 0.25 s from the event loop. Setting ``stop`` ends sending early; what was
+    recorded is still written. ``check_connect``: fail fast with :class:`UserError` if the server
+    refuses connections before anything is sent.
+    """
+    route = route or default_route(schedule)
+    if not route.startswith("/"):
+        raise UserError(f"--route must start with '/', got {route!r}")
+    if not 0.0 <= repeat_share <= 1.0:
+        raise UserError(f"--repeat-share must be within [0, 1], got {repeat_share}")
+    if concurrency_cap is not None and concurrency_cap < 1:
+        raise UserError(f"--concurrency-cap must be at least 1, got {concurrency_cap}")
+    if check_connect:
+        await check_url(url)
+    bodies = BodyFactory(
+        route,
+        prompt_tokens=schedule.prompt_tokens,
+        output_tokens=schedule.output_tokens,
+        hash_ids=schedule.hash_ids,
+        block_tokens=schedule.block_tokens,
+        stream=stream,
+        predict_dim=predict_dim,
+        repeat_share=repeat_share,
+        seed=seed,
+    )
+    engine = Engine(
+        url,
+        route,
+        schedule,
+        bodies,
+        concurrency_cap=concurrency_cap,
+        timeout_s=timeout_s,
+        grace_s=grace_s,
+        progress=progress,
+        headers=dict(headers or {}),
+    )
+    try:
+        results = await engine.run(stop)
+    finally:
+        # whatever happens, what was recorded is written
+        results = engine.results
+        table = results_table(results)
+        written = write_results(table, os.fspath(out)) if out is not None else None
+    covered = (
+        schedule.duration_s if engine.stopped_early is None else min(schedule.duration_s, engine.elapsed_s)
+    )
+    summary = summarize(
+        results,
+        url=url,
+        route=route,
+        source=schedule.source,
+        target_rate_rps=schedule.nominal_rate_rps,
+        duration_s=covered,
+        scheduled=len(schedule),
+        stopped_early=engine.stopped_early,
+        concurrency_cap=concurrency_cap,
+    )
+    n_spans = 0
+    if span_writer is not None or _spans_enabled(spans_dir):
+        writer = span_writer or ClientSpanWriter(url, spans_dir=spans_dir)
+        try:
+            n_spans = writer.write(results)
+        finally:
+            if span_writer is None:
+                writer.close()
+    error = (
+        engine.stopped_early if engine.stopped_early and engine.stopped_early != "stopped by user" else None
+    )
+    return LoadRun(results, table, summary, written, n_spans, error)
+
+
+def load(url: str, schedule: Schedule, **kwargs: object) -> LoadRun:
+    """Synchronous :func:`run_load` (runs its own event loop)."""
+    return asyncio.run(run_load(url, schedule, **kwargs))  # type: ignore[arg-type]
