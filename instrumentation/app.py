@@ -1,0 +1,265 @@
+"""``instrument_app`` / ``uninstrument_app``: add stagescope to a FastAPI (or Starlette) app.
+
+::
+
+    import stagescope
+    app = FastAPI()
+    handle = stagescope.instrument_app(app, service_name="ranker", models=["ranker-v3"])
+
+What it installs:
+
+* a :class:`~stagescope.instrumentation.metrics.StageMetrics` (every Prometheus instrument) on
+  ``registry`` (default: prometheus-client's global registry), made the process default so the
+  batcher and stream wrapper find it, and served at ``metrics_path`` (``/metrics``);
+* the pure-ASGI :class:`~stagescope.instrumentation.middleware.StagescopeMiddleware` (``mode="fast"``,
+  the default), or, with ``mode="otel-fastapi"``, opentelemetry-instrumentation-fastapi's
+  ``FastAPIInstrumentor.instrument_app`` for the server span (its hooks and header capture; pass
+  them in ``otel_fastapi_options``) with stagescope's middleware inside it for the stages and metrics;
+* span export: through ``tracer_provider`` when given (an SDK ``TracerProvider``: spans go to its
+  processors), else OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else the embedded sink in
+  ``spans_dir`` / ``$STAGESCOPE_SPANS_DIR``; with none of them, metrics only (a warning says so);
+* the sampling policy (:mod:`stagescope.instrumentation.sampling`): slow (``slow_threshold_ms``) and
+  failed requests always keep their trace, a ``baseline_sample`` share of the rest, and
+  ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured.
+
+Idempotent and symmetric: instrumenting an instrumented app returns the existing handle;
+``uninstrument_app`` removes the middleware, the metrics route and (otel-fastapi mode) the stock
+instrumentation, flushes and stops the span pipeline and unregisters the metric families. The
+middleware is added with ``app.add_middleware``, so instrument before the app serves its first request.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_configured
+from stagescope.instrumentation.metrics import StageMetrics, make_metrics_app, set_default_metrics
+from stagescope.instrumentation.middleware import (
+    MiddlewareState,
+    RecordHook,
+    RouteResolver,
+    StagescopeMiddleware,
+)
+from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.tracing import SpanBuilder, SpanPipeline, deliver_to_provider
+from stagescope.names import ENV_INSTRUMENTATION_MODE, ENV_MODELS, ENV_SPANS_DIR
+
+__all__ = ["MODES", "Instrumentation", "instrument_app", "uninstrument_app"]
+
+_log = logging.getLogger(__name__)
+MODES = ("fast", "otel-fastapi")
+_ATTR = "_stagescope_instrumentation"
+
+
+class _AsgiEndpoint:
+    """Wraps an ASGI callable so Starlette's ``Route`` calls it as an app, not as a request handler."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+class Instrumentation:
+    """The handle ``instrument_app`` returns: what was installed, plus ``force_flush`` and ``shutdown``."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        service_name: str,
+        mode: str,
+        metrics: StageMetrics,
+        policy: SamplingPolicy,
+        state: MiddlewareState,
+        pipeline: SpanPipeline | None,
+        exporter: SpanExporter | None,
+        tracer_provider: Any,
+        owns_provider: bool,
+        metrics_route: Any,
+    ) -> None:
+        self.app = app
+        self.service_name = service_name
+        self.mode = mode
+        self.metrics = metrics
+        self.policy = policy
+        self.state = state
+        self.pipeline = pipeline
+        self.exporter = exporter
+        self.tracer_provider = tracer_provider
+        self._owns_provider = owns_provider
+        self._metrics_route = metrics_route
+        self._closed = False
+
+    @property
+    def tracing(self) -> bool:
+        """True when spans are exported (a destination was configured)."""
+        return self.pipeline is not None
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        """Export every kept trace of requests finished so far; True when done in time."""
+        if self.pipeline is None:
+            return True
+        return self.pipeline.force_flush(timeout_s)
+
+    def shutdown(self) -> None:
+        """Flush and stop span export (the middleware keeps measuring, metrics keep working)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.pipeline is not None:
+            self.pipeline.shutdown()
+        if self._owns_provider and self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        elif self.exporter is not None:
+            self.exporter.shutdown()
+
+
+def _resolve_mode(mode: str | None) -> str:
+    mode = mode or os.environ.get(ENV_INSTRUMENTATION_MODE, "").strip() or "fast"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
+def instrument_app(
+    app: Any,
+    *,
+    service_name: str,
+    models: Iterable[str] | None = None,
+    mode: str | None = None,
+    spans_dir: str | os.PathLike[str] | None = None,
+    slow_threshold_ms: float | None = None,
+    baseline_sample: float | None = None,
+    buckets: Mapping[str, Sequence[float]] | None = None,
+    registry: Any = None,
+    tracer_provider: Any = None,
+    metrics_path: str = "/metrics",
+    record_hook: RecordHook | None = None,
+    otel_fastapi_options: Mapping[str, Any] | None = None,
+) -> Instrumentation:
+    """Instrument ``app``; see the module docstring. ``mode``: argument, ``$STAGESCOPE_INSTRUMENTATION_MODE``,
+    ``"fast"``. ``models``: argument, ``$STAGESCOPE_MODELS``. ``record_hook(record)`` runs once per finished
+    request before publishing (add attributes); its failures are logged once and never reach the request."""
+    existing = getattr(app, _ATTR, None)
+    if existing is not None:
+        return existing
+    mode = _resolve_mode(mode)
+    if models is None and os.environ.get(ENV_MODELS, "").strip():
+        models = [m.strip() for m in os.environ[ENV_MODELS].split(",") if m.strip()]
+    policy = SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample)
+    metrics = StageMetrics(registry=registry, models=models, buckets=buckets)
+    set_default_metrics(metrics)
+
+    owns_provider = False
+    exporter: SpanExporter | None = None
+    provider = tracer_provider
+    if provider is None and (mode == "otel-fastapi" or _has_destination(spans_dir)):
+        exporter = make_span_exporter(spans_dir, metrics=metrics) if _has_destination(spans_dir) else None
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        if exporter is not None:  # our exporters only enqueue, so the simple processor never blocks
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        owns_provider = True
+    elif provider is None:
+        _log.warning(
+            "stagescope: no span destination (spans_dir=, %s or OTEL_EXPORTER_OTLP_ENDPOINT): metrics only",
+            ENV_SPANS_DIR,
+        )
+
+    resource = getattr(provider, "resource", None) or Resource.create({"service.name": service_name})
+    builder = SpanBuilder(resource, fold_model=metrics.fold_model)
+    pipeline: SpanPipeline | None = None
+    if provider is not None and hasattr(provider, "_active_span_processor"):
+        if owns_provider and exporter is not None and mode == "fast":  # straight to our exporter
+            pipeline = SpanPipeline(
+                builder, exporter.export, exporter_label="stagescope", metrics=metrics,
+                flush_downstream=lambda: exporter.force_flush(),
+            )  # fmt: skip
+        elif not owns_provider or exporter is not None:
+            pipeline = SpanPipeline(
+                builder, deliver_to_provider(provider), exporter_label="tracer_provider", metrics=metrics,
+                count_exported=not owns_provider, server_spans=(mode == "fast"),
+                flush_downstream=lambda: provider.force_flush(),
+            )  # fmt: skip
+    elif provider is not None:
+        _log.warning("stagescope: tracer_provider is not an SDK TracerProvider; no spans are exported")
+
+    state = MiddlewareState(
+        resolver=RouteResolver(app),
+        metrics=metrics,
+        policy=policy,
+        pipeline=pipeline,
+        builder=builder,
+        mode=mode,
+        excluded_paths=frozenset({metrics_path}),
+        record_hook=record_hook,
+    )
+    metrics_route = _mount_metrics(app, metrics_path, metrics)
+    if mode == "otel-fastapi":
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        options: dict[str, Any] = {"exclude_spans": ["receive", "send"]}
+        options.update(otel_fastapi_options or {})
+        excluded = options.pop("excluded_urls", None)
+        FastAPIInstrumentor.instrument_app(
+            app,
+            tracer_provider=provider,
+            excluded_urls=",".join(x for x in (excluded, metrics_path) if x),
+            **options,
+        )
+    app.add_middleware(StagescopeMiddleware, state=state)
+    handle = Instrumentation(
+        app, service_name=service_name, mode=mode, metrics=metrics, policy=policy, state=state,
+        pipeline=pipeline, exporter=exporter, tracer_provider=provider, owns_provider=owns_provider,
+        metrics_route=metrics_route,
+    )  # fmt: skip
+    setattr(app, _ATTR, handle)
+    ref = weakref.ref(handle)
+    atexit.register(lambda: (h := ref()) is not None and h.force_flush(5.0))
+    return handle
+
+
+def _has_destination(spans_dir: object) -> bool:
+    return (
+        spans_dir is not None or bool(os.environ.get(ENV_SPANS_DIR, "").strip()) or otlp_endpoint_configured()
+    )
+
+
+def _mount_metrics(app: Any, path: str, metrics: StageMetrics) -> Any:
+    from starlette.routing import Route
+
+    route = Route(path, endpoint=_AsgiEndpoint(make_metrics_app(metrics.registry)), include_in_schema=False)
+    app.router.routes.append(route)
+    return route
+
+
+def uninstrument_app(app: Any) -> None:
+    """Undo :func:`instrument_app` on ``app`` (a no-op when it is not instrumented)."""
+    handle: Instrumentation | None = getattr(app, _ATTR, None)
+    if handle is None:
+        return
+    handle.state.enabled = False
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not StagescopeMiddleware]
+    if handle._metrics_route in app.router.routes:
+        app.router.routes.remove(handle._metrics_route)
+    if handle.mode == "otel-fastapi":
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        FastAPIInstrumentor.uninstrument_app(app)
+    app.middleware_stack = None  # rebuilt without us on the next request
+    handle.shutdown()
+    handle.metrics.unregister()
+    set_default_metrics(None)
+    delattr(app, _ATTR)

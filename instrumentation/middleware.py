@@ -1,0 +1,264 @@
+"""The pure-ASGI middleware that measures every HTTP request into a :class:`TracedRecord`.
+
+Per request, on the hot path, it only: resolves the route *template* (first full Starlette match,
+cached per method and path, :data:`~stagescope.names.UNMATCHED_ROUTE` when nothing matches, so
+labels stay bounded); reads the caller's W3C ``traceparent`` (the request joins that trace) or draws
+a new trace id, so the trace id is known from the start (exemplars, propagation via
+``current_request().traceparent``); opens the record and makes it current (``stagescope.stage`` and
+the batcher write into it); and wraps ``send`` to read the status and to notice the last body chunk
+(``more_body`` false). The record ends there, so a streamed response's record covers the whole
+stream. Then the publishers run: StageMetrics observes it (every request), the sampling policy
+decides whether its trace is kept, and a kept record is queued for the span thread (tracing.py).
+
+Responses with status 429 are counted as shed. An exception from the app ends the record with
+``error.type`` and status 500 and is re-raised. Nothing the telemetry does can fail a request: every
+publisher call and user hook is wrapped, and a failure is logged once and then only counted.
+
+In ``otel-fastapi`` mode the stock instrumentor owns the server span: this middleware runs inside
+it, takes that span's ids, puts stagescope's attributes on it before it ends and emits the stage
+spans under it when it is sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagescope.instrumentation.record import _current, now_ns
+from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.tracing import (
+    SpanBuilder,
+    SpanPipeline,
+    TracedRecord,
+    new_span_id,
+    new_trace_id,
+)
+from stagescope.names import UNMATCHED_ROUTE
+
+__all__ = ["MiddlewareState", "RouteResolver", "StagescopeMiddleware", "parse_traceparent"]
+
+_log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_ROUTE_CACHE_MAX = 4096
+
+
+def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
+    """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent`` value, or None if invalid."""
+    if len(value) < 55 or value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
+        return None
+    if value[:2] == b"ff" or (len(value) > 55 and (value[:2] == b"00" or value[55:56] != b"-")):
+        return None
+    try:
+        trace_id = int(value[3:35], 16)
+        span_id = int(value[36:52], 16)
+        flags = int(value[53:55], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id or b"+" in value[:55] or b" " in value[:55]:
+        return None
+    return trace_id, span_id, bool(flags & 1)
+
+
+class RouteResolver:
+    """Route template of a request, as opentelemetry-instrumentation-fastapi finds it, cached."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._cache: dict[tuple[str, str], str | None] = {}
+        self._nroutes = -1
+
+    def resolve(self, scope: Scope) -> str | None:
+        routes = self.app.router.routes
+        if len(routes) != self._nroutes:  # routes added after instrument_app: start over
+            self._cache.clear()
+            self._nroutes = len(routes)
+        key = (scope.get("method", ""), scope.get("path", ""))
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        route = self._match(scope, routes)
+        if len(self._cache) >= _ROUTE_CACHE_MAX:
+            self._cache.clear()
+        self._cache[key] = route
+        return route
+
+    @staticmethod
+    def _match(scope: Scope, routes: Any) -> str | None:
+        from starlette.routing import Match, Route
+
+        try:
+            from fastapi.routing import iter_route_contexts
+
+            candidates: Any = iter_route_contexts(routes)
+        except ImportError:  # FastAPI < 0.137.2: routes are matchable as they are
+            candidates = routes
+        route: str | None = None
+        for r in candidates:
+            match, _ = Route.matches(r, scope) if isinstance(r, Route) else r.matches(scope)
+            if match == Match.FULL:
+                route = getattr(r, "path", None) or scope.get("path")
+                break
+            if match == Match.PARTIAL:
+                route = getattr(r, "path", None)
+        return route
+
+
+RecordHook = Callable[[TracedRecord], None]
+
+
+@dataclass(slots=True)
+class MiddlewareState:
+    """What the middleware publishes to; shared by every request (built by ``instrument_app``)."""
+
+    resolver: RouteResolver
+    metrics: Any  # StageMetrics
+    policy: SamplingPolicy
+    pipeline: SpanPipeline | None
+    builder: SpanBuilder
+    mode: str = "fast"  # "fast" | "otel-fastapi"
+    excluded_paths: frozenset[str] = frozenset()
+    record_hook: RecordHook | None = None
+    enabled: bool = True
+    _warned: set[str] = field(default_factory=set)
+
+    def warn_once(self, what: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            _log.warning(
+                "stagescope: %s failed; the request goes on (further failures not logged)",
+                what,
+                exc_info=True,
+            )
+
+
+class StagescopeMiddleware:
+    """Pure-ASGI middleware: one :class:`TracedRecord` per HTTP request (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, state: MiddlewareState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        if scope["type"] != "http" or not state.enabled or scope.get("path") in state.excluded_paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            rec = self._open(scope)
+        except Exception:
+            state.warn_once("opening the request record")
+            await self.app(scope, receive, send)
+            return
+        token = _current.set(rec)
+        finish = self._finish
+
+        async def send_wrapper(message: Message) -> None:
+            mtype = message["type"]
+            if mtype == "http.response.body":
+                if not message.get("more_body", False) and rec.end_ns is None:
+                    await send(message)
+                    finish(rec)
+                    return
+            elif mtype == "http.response.start":
+                rec.status_code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException as exc:
+            if rec.end_ns is None:
+                rec.error_type = type(exc).__qualname__
+                if rec.status_code is None:
+                    rec.status_code = 500
+                finish(rec)
+            raise
+        finally:
+            _current.reset(token)
+            if rec.end_ns is None:  # the app returned without finishing its response
+                finish(rec)
+
+    def _open(self, scope: Scope) -> TracedRecord:
+        state = self.state
+        route = state.resolver.resolve(scope)
+        rec = TracedRecord(method=scope.get("method", ""), route=route or UNMATCHED_ROUTE)
+        rec.route_matched = route is not None
+        rec.scope = scope
+        rec.sampled_reason = None
+        if state.mode == "otel-fastapi":
+            _join_live_span(rec)
+        else:
+            parent = None
+            for k, v in scope.get("headers") or ():
+                if k == b"traceparent":
+                    parent = parse_traceparent(v)
+                    break
+            if parent is None:
+                rec.trace_id = new_trace_id()
+                rec.parent_span_id = 0
+                rec.parent_sampled = None
+            else:
+                rec.trace_id, rec.parent_span_id, rec.parent_sampled = parent
+            rec.span_id = new_span_id()
+        try:
+            state.metrics.request_started()
+        except Exception:
+            state.warn_once("StageMetrics.request_started")
+        return rec
+
+    def _finish(self, rec: TracedRecord) -> None:
+        end = rec.end_ns = now_ns()
+        state = self.state
+        try:
+            status = rec.status_code
+            failed = rec.error_type is not None or (status is not None and status >= 500)
+            if state.mode == "otel-fastapi":
+                reason = "baseline" if rec.parent_sampled else None
+            else:
+                reason = state.policy.decide(rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed)
+            rec.sampled_reason = reason
+            if state.record_hook is not None:
+                try:
+                    state.record_hook(rec)
+                except Exception:
+                    state.warn_once("the record_hook")
+            metrics = state.metrics
+            try:  # also counts a 429 answer as shed (stagescope_requests_shed_total)
+                metrics.request_finished(rec, format(rec.trace_id, "032x") if reason else None)
+            except Exception:
+                state.warn_once("publishing metrics")
+            if state.mode == "otel-fastapi":
+                _annotate_live_span(rec, state.builder)
+            if reason is not None and state.pipeline is not None:
+                state.pipeline.submit(rec)
+        except Exception:
+            state.warn_once("publishing the request record")
+
+
+def _join_live_span(rec: TracedRecord) -> None:
+    """otel-fastapi mode: the instrumentor's server span is current; this record belongs to it."""
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        rec.trace_id, rec.span_id = ctx.trace_id, ctx.span_id
+        rec.parent_sampled = bool(ctx.trace_flags.sampled)
+    else:
+        rec.trace_id, rec.span_id, rec.parent_sampled = new_trace_id(), new_span_id(), False
+    rec.parent_span_id = 0
+    rec.live_span = trace.get_current_span()
+
+
+def _annotate_live_span(rec: TracedRecord, builder: SpanBuilder) -> None:
+    span = rec.live_span
+    rec.live_span = None
+    if span is not None and span.is_recording():
+        span.set_attributes(builder.stagescope_attributes(rec))

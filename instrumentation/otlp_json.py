@@ -1,0 +1,141 @@
+"""Encode finished spans as OTLP/JSON (one ``ExportTraceServiceRequest``), as the collector writes it.
+
+The shape is the OTLP "JSON Protobuf Encoding": lowerCamelCase keys, trace and span ids as lowercase
+hex, 64-bit integers (``startTimeUnixNano``, ``intValue``) as decimal strings, ``kind`` as the enum
+number (1 INTERNAL, 2 SERVER, 3 CLIENT, 4 PRODUCER, 5 CONSUMER), ``status`` ``{}`` when unset and
+``parentSpanId`` absent on roots: what the OpenTelemetry Collector's ``file`` exporter writes, so one
+reader handles both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import StatusCode
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+except ImportError:  # pragma: no cover - orjson ships with the service extra
+    import json
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+__all__ = ["any_value", "encode_attributes", "encode_spans", "span_to_otlp"]
+
+_STATUS_CODE = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
+
+
+def any_value(value: Any) -> dict[str, Any]:
+    """One OTLP ``AnyValue``."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, bytes):
+        import base64
+
+        return {"bytesValue": base64.b64encode(value).decode()}
+    if isinstance(value, Sequence):
+        return {"arrayValue": {"values": [any_value(v) for v in value]}}
+    if isinstance(value, Mapping):
+        return {"kvlistValue": {"values": encode_attributes(value)}}
+    return {"stringValue": str(value)}
+
+
+def encode_attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    if not attrs:
+        return []
+    return [{"key": k, "value": any_value(v)} for k, v in attrs.items()]
+
+
+def span_to_otlp(span: ReadableSpan) -> dict[str, Any]:
+    """One span as an OTLP/JSON ``Span`` object."""
+    ctx = span.context
+    assert ctx is not None
+    out: dict[str, Any] = {
+        "traceId": format(ctx.trace_id, "032x"),
+        "spanId": format(ctx.span_id, "016x"),
+    }
+    if ctx.trace_state:
+        out["traceState"] = ctx.trace_state.to_header()
+    if span.parent is not None and span.parent.span_id:
+        out["parentSpanId"] = format(span.parent.span_id, "016x")
+    out["flags"] = (
+        int(ctx.trace_flags) | 0x100 | (0x200 if span.parent is not None and span.parent.is_remote else 0)
+    )
+    out["name"] = span.name
+    out["kind"] = span.kind.value + 1
+    out["startTimeUnixNano"] = str(span.start_time or 0)
+    out["endTimeUnixNano"] = str(span.end_time or 0)
+    attrs = encode_attributes(span.attributes)
+    if attrs:
+        out["attributes"] = attrs
+    if span.events:
+        out["events"] = [
+            {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": encode_attributes(e.attributes)}
+            for e in span.events
+        ]
+    if span.links:
+        out["links"] = [
+            {
+                "traceId": format(link.context.trace_id, "032x"),
+                "spanId": format(link.context.span_id, "016x"),
+                "attributes": encode_attributes(link.attributes),
+            }
+            for link in span.links
+        ]
+    status: dict[str, Any] = {}
+    code = _STATUS_CODE.get(span.status.status_code, 0)
+    if code:
+        status["code"] = code
+    if span.status.description:
+        status["message"] = span.status.description
+    out["status"] = status
+    return out
+
+
+def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
+    """One ``ExportTraceServiceRequest`` as compact JSON bytes (no trailing newline)."""
+    by_resource: dict[int, tuple[Any, dict[Any, list[dict[str, Any]]]]] = {}
+    scopes: dict[Any, Any] = {}
+    for span in spans:
+        res = span.resource
+        entry = by_resource.get(id(res))
+        if entry is None:
+            entry = by_resource[id(res)] = (res, {})
+        scope = span.instrumentation_scope
+        key = (scope.name, scope.version) if scope is not None else None
+        scopes[key] = scope
+        entry[1].setdefault(key, []).append(span_to_otlp(span))
+    resource_spans = []
+    for res, by_scope in by_resource.values():
+        scope_spans = []
+        for key, encoded in by_scope.items():
+            scope = scopes[key]
+            scope_obj: dict[str, Any] = {}
+            if scope is not None:
+                scope_obj["name"] = scope.name
+                if scope.version:
+                    scope_obj["version"] = scope.version
+            item: dict[str, Any] = {"scope": scope_obj, "spans": encoded}
+            if scope is not None and scope.schema_url:
+                item["schemaUrl"] = scope.schema_url
+            scope_spans.append(item)
+        rs: dict[str, Any] = {"resource": {"attributes": encode_attributes(res.attributes if res else None)}}
+        rs["scopeSpans"] = scope_spans
+        if res is not None and res.schema_url:
+            rs["schemaUrl"] = res.schema_url
+        resource_spans.append(rs)
+    return _dumps({"resourceSpans": resource_spans})

@@ -1,0 +1,249 @@
+"""The embedded span sink: OTLP/JSON lines in local files, for services without a collector.
+
+``JsonLinesSpanExporter(directory)`` is an OpenTelemetry ``SpanExporter`` whose ``export`` only puts
+the spans on a bounded in-memory queue and returns: one background thread encodes them (one
+``ExportTraceServiceRequest`` JSON object per line, exactly as the collector's ``file`` exporter
+writes, see :mod:`stagescope.instrumentation.otlp_json`) and appends them to
+``<directory>/spans-<pid>-<n>.jsonl``. Each process writes its own files (several uvicorn or gunicorn
+workers never share one); a file is rotated to ``n + 1`` when it would exceed ``max_bytes``.
+
+Bounded: at most ``max_queue_spans`` spans wait; beyond that new spans are dropped and counted
+(``stagescope_spans_dropped_total{exporter="jsonl",reason="queue_full"}``). Flushed every
+``flush_interval_s`` seconds, on ``force_flush``, on ``shutdown`` and at interpreter exit. A request
+never waits on it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from stagescope.instrumentation.otlp_json import encode_spans
+
+__all__ = ["JsonLinesSpanExporter", "SpanCounter", "after_fork_in_child", "resolve_metrics"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_QUEUE_SPANS = 65536
+#: At most this many spans go in one line (one ExportTraceServiceRequest).
+SPANS_PER_LINE = 512
+
+
+def after_fork_in_child(obj: object, method: str) -> None:
+    """Call ``obj.<method>()`` in a forked child (gunicorn ``--preload``): threads do not survive fork."""
+    ref = weakref.ref(obj)
+
+    def callback() -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, method)()
+
+    os.register_at_fork(after_in_child=callback)
+
+
+def resolve_metrics(metrics: Any) -> Any:
+    """``metrics`` if given, else the StageMetrics installed by the latest ``instrument_app`` (or None)."""
+    if metrics is not None:
+        return metrics
+    try:
+        from stagescope.instrumentation.metrics import default_metrics
+
+        return default_metrics()
+    except Exception:
+        return None
+
+
+class SpanCounter:
+    """Counts exported and dropped spans on a StageMetrics, resolved lazily, never raising."""
+
+    def __init__(self, label: str, metrics: Any = None) -> None:
+        self.label = label
+        self._metrics = metrics
+        self.exported = 0
+        self.dropped: dict[str, int] = {}
+
+    def _m(self) -> Any:
+        return resolve_metrics(self._metrics)
+
+    def ok(self, n: int) -> None:
+        self.exported += n
+        m = self._m()
+        if m is not None and n:
+            with contextlib.suppress(Exception):
+                m.span_exported(n, self.label)
+
+    def drop(self, n: int, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+        m = self._m()
+        if m is not None and n:
+            with contextlib.suppress(Exception):
+                m.span_dropped(n, self.label, reason)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Writes spans as OTLP/JSON lines to ``<directory>/spans-<pid>-<n>.jsonl`` from a background thread."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS,
+        flush_interval_s: float = 1.0,
+        metrics: Any = None,
+        exporter_label: str = "jsonl",
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.max_queue_spans = max_queue_spans
+        self.flush_interval_s = flush_interval_s
+        self.counter = SpanCounter(exporter_label, metrics)
+        self._queue: deque[Sequence[ReadableSpan]] = deque()
+        self._queued = 0  # spans waiting
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._accepted = 0  # export() calls accepted
+        self._written = 0  # of those, handled by the writer (written or dropped)
+        self._stopped = False
+        self._file: IO[bytes] | None = None
+        self._file_pid = -1
+        self._file_index = -1
+        self._file_size = 0
+        self.files: list[Path] = []
+        self._thread: threading.Thread | None = None
+        self._start()
+        atexit.register(_shutdown_ref, weakref.ref(self))
+        after_fork_in_child(self, "_after_fork")
+
+    # ------------------------------------------------------------------ request side (non-blocking)
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        n = len(spans)
+        if not n:
+            return SpanExportResult.SUCCESS
+        if self._stopped:
+            self.counter.drop(n, "shutdown")
+            return SpanExportResult.FAILURE
+        if self._queued + n > self.max_queue_spans:
+            self.counter.drop(n, "queue_full")
+            return SpanExportResult.FAILURE
+        with self._lock:
+            self._queue.append(spans)
+            self._queued += n
+            self._accepted += 1
+        if self._queued >= SPANS_PER_LINE:
+            self._wake.set()
+        return SpanExportResult.SUCCESS
+
+    # ------------------------------------------------------------------ writer thread
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stagescope-jsonl", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        self._queue.clear()
+        self._queued = self._accepted = self._written = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._file = None  # the parent's file stays the parent's
+        if not self._stopped:
+            self._start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            self._write_pending()
+            if self._stopped:
+                self._write_pending()
+                return
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                batch: list[ReadableSpan] = []
+                calls = 0
+                while self._queue and len(batch) < SPANS_PER_LINE:
+                    batch.extend(self._queue.popleft())
+                    calls += 1
+                self._queued -= len(batch)
+            try:
+                line = encode_spans(batch) + b"\n"
+                self._write(line)
+                self.counter.ok(len(batch))
+            except Exception:
+                _log.warning("stagescope: writing spans to %s failed", self.directory, exc_info=True)
+                self.counter.drop(len(batch), "write_failed")
+            with self._cond:
+                self._written += calls
+                self._cond.notify_all()
+
+    def _write(self, line: bytes) -> None:
+        pid = os.getpid()
+        if self._file is None or self._file_pid != pid or self._file_size + len(line) > self.max_bytes:
+            self._open_next(pid)
+        f = self._file
+        assert f is not None
+        f.write(line)
+        f.flush()
+        self._file_size += len(line)
+
+    def _open_next(self, pid: int) -> None:
+        if self._file is not None and self._file_pid == pid:
+            self._file.close()
+        if self._file_pid != pid:
+            self._file_index = -1
+        self._file_pid = pid
+        while True:
+            self._file_index += 1
+            path = self.directory / f"spans-{pid}-{self._file_index}.jsonl"
+            if not path.exists():
+                break
+        self._file = open(path, "ab")  # noqa: SIM115 - kept open across writes, closed on rotation/shutdown
+        self._file_size = 0
+        self.files.append(path)
+
+    # ------------------------------------------------------------------ SpanExporter lifecycle
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Write everything accepted so far; True when done within the timeout."""
+        with self._lock:
+            target = self._accepted
+        self._wake.set()
+        with self._cond:
+            return bool(self._cond.wait_for(lambda: self._written >= target, timeout=timeout_millis / 1000))
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self.force_flush(10000)
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        if self._file is not None:
+            try:
+                self._file.close()
+            finally:
+                self._file = None
+
+
+def _shutdown_ref(ref: weakref.ref[JsonLinesSpanExporter]) -> None:
+    exporter = ref()
+    if exporter is not None:
+        exporter.shutdown()

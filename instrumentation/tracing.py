@@ -1,0 +1,484 @@
+"""Publish finished requests as OpenTelemetry spans, after the fact (measure, then publish).
+
+The middleware measures a request into a :class:`TracedRecord` (a :class:`RequestRecord` that also
+carries its trace ids, chosen at request start). When the request has finished and the sampling
+policy keeps it, the record goes to a :class:`SpanPipeline`: a bounded queue drained by one
+background thread that turns each record into finished spans (:class:`SpanBuilder`) and hands them
+to an exporter or to a tracer provider's span processors. No SDK span is ever created on the
+request path, and nothing is built for requests that are not kept.
+
+Spans per kept request: one SERVER span named ``"{METHOD} {route template}"`` (just ``METHOD`` when
+no route matched, as opentelemetry-instrumentation-fastapi names it) with the same HTTP semantic
+convention attributes that instrumentation gives (old names by default, new or both with
+``OTEL_SEMCONV_STABILITY_OPT_IN=http`` / ``http/dup``), plus one INTERNAL child span per stage
+interval named after the stage. Times: the record's monotonic readings through ``to_wall_ns``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from stagescope import __version__
+from stagescope.instrumentation.record import RequestRecord, to_wall_ns
+from stagescope.instrumentation.sink import after_fork_in_child
+from stagescope.names import (
+    ATTR_BATCH_SIZE,
+    ATTR_COLD_START,
+    ATTR_ERROR_TYPE,
+    ATTR_INPUT_HASH,
+    ATTR_ITL_MAX,
+    ATTR_ITL_MEAN,
+    ATTR_ITL_P99,
+    ATTR_MODEL,
+    ATTR_QUEUE_DEPTH,
+    ATTR_SAMPLED_REASON,
+    ATTR_STAGE,
+    ATTR_TOKEN_GAPS,
+    GENAI_USAGE_INPUT_TOKENS,
+    GENAI_USAGE_OUTPUT_TOKENS,
+    VLLM_ATTR_E2E,
+    VLLM_ATTR_TTFT,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+__all__ = [
+    "MAX_TOKEN_GAPS",
+    "SpanBuilder",
+    "SpanPipeline",
+    "TracedRecord",
+    "http_server_attributes",
+    "new_span_id",
+    "new_trace_id",
+    "semconv_mode",
+]
+
+_log = logging.getLogger(__name__)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_STATUS_UNSET = Status(StatusCode.UNSET)
+#: At most this many inter-token gaps are listed in ``stagescope.itl.gaps`` (the summary uses all).
+MAX_TOKEN_GAPS = 4096
+_KNOWN_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY"}
+)
+
+_getrandbits = random.getrandbits
+
+
+def new_trace_id() -> int:
+    """A random non-zero 128-bit trace id."""
+    return _getrandbits(128) or 1
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id."""
+    return _getrandbits(64) or 1
+
+
+class TracedRecord(RequestRecord):
+    """A request record with its trace identity, chosen when the request arrived.
+
+    ``trace_id``/``span_id``: this request's trace and server span (ints); ``parent_span_id``: the
+    caller's span from ``traceparent`` (0 when none); ``parent_sampled``: the caller's sampled flag
+    (``None`` without ``traceparent``); ``scope``: the ASGI scope (HTTP attributes are read from it
+    only if the trace is kept); ``route_matched``: a route template matched.
+    """
+
+    __slots__ = (
+        "live_span",
+        "parent_sampled",
+        "parent_span_id",
+        "route_matched",
+        "sampled_reason",
+        "scope",
+        "span_id",
+        "trace_id",
+    )
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int
+    parent_sampled: bool | None
+    scope: MutableMapping[str, Any] | None
+    route_matched: bool
+    sampled_reason: str | None
+    live_span: Any  # otel-fastapi mode: the instrumentor's server span
+
+    @property
+    def trace_id_hex(self) -> str:
+        return format(self.trace_id, "032x")
+
+    @property
+    def traceparent(self) -> str:
+        """W3C ``traceparent`` for calls this request makes downstream (joins them to its trace)."""
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+
+
+def semconv_mode() -> str:
+    """``old`` (default), ``new`` or ``dup``, from ``OTEL_SEMCONV_STABILITY_OPT_IN`` as OTel reads it."""
+    opt = {p.strip() for p in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")}
+    if "http/dup" in opt:
+        return "dup"
+    if "http" in opt:
+        return "new"
+    return "old"
+
+
+def _header(scope: MutableMapping[str, Any], name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers") or () if k.lower() == name]
+
+
+def _optional_util() -> tuple[Callable[[str], str], Callable[[str | None], str | None]]:
+    try:  # the same URL redaction and synthetic user-agent rule as OTel's HTTP instrumentations
+        from opentelemetry.util.http import detect_synthetic_user_agent, redact_url
+
+        return redact_url, detect_synthetic_user_agent
+    except ImportError:  # pragma: no cover - opentelemetry-util-http ships with the otel-fastapi extra
+        return (lambda u: u), (lambda ua: None)
+
+
+def http_server_attributes(
+    scope: MutableMapping[str, Any], route: str | None, status: int | None, mode: str
+) -> dict[str, Any]:
+    """The HTTP attributes opentelemetry-instrumentation-asgi puts on a server span, from the scope."""
+    old, new = mode in ("old", "dup"), mode in ("new", "dup")
+    redact_url, synthetic = _optional_util()
+    out: dict[str, Any] = {}
+    server = scope.get("server") or ("0.0.0.0", 80)
+    port = server[1]
+    server_host = server[0] + (":" + str(port) if str(port) != "80" else "")
+    host_values = _header(scope, b"host")
+    url_host = host_values[0] if host_values else server_host
+    scheme = scope.get("scheme") or "http"
+    path = scope.get("path") or ""
+    qs_raw = scope.get("query_string") or b""
+    query = qs_raw.decode("utf8") if isinstance(qs_raw, bytes) else str(qs_raw)
+    url = scheme + "://" + url_host + path + ("?" + unquote(query) if query else "")
+    if scope.get("scheme"):
+        _put(out, old, new, "http.scheme", "url.scheme", scheme)
+    if server_host:
+        if old:
+            out["http.host"] = server_host
+        if new:
+            out.setdefault("server.address", server_host)
+    if port:
+        with contextlib.suppress(TypeError, ValueError):
+            _put(out, old, new, "net.host.port", "server.port", int(port))
+    if scope.get("http_version"):
+        _put(out, old, new, "http.flavor", "network.protocol.version", scope["http_version"])
+    if path:
+        if old:
+            out["http.target"] = path
+        if new:
+            out["url.path"] = path
+            if query:
+                out["url.query"] = query
+    if old:
+        out["http.url"] = redact_url(url)
+    raw_method = (scope.get("method") or "").strip()
+    if raw_method:
+        method = raw_method.upper()
+        method = method if method in _KNOWN_METHODS else "_OTHER"
+        if new and raw_method != method:
+            out["http.request.method_original"] = raw_method
+        _put(out, old, new, "http.method", "http.request.method", method)
+    if old and host_values:
+        out["http.server_name"] = ",".join(host_values)
+    ua = _header(scope, b"user-agent")
+    if ua:
+        _put(out, old, new, "http.user_agent", "user_agent.original", ua[0])
+        kind = synthetic(ua[0])
+        if kind:
+            out["user_agent.synthetic.type"] = kind
+    client = scope.get("client")
+    if client:
+        _put(out, old, new, "net.peer.ip", "client.address", client[0])
+        with contextlib.suppress(TypeError, ValueError):
+            _put(out, old, new, "net.peer.port", "client.port", int(client[1]))
+    if route:
+        out["http.route"] = route
+    if status is not None:
+        _put(out, old, new, "http.status_code", "http.response.status_code", status)
+        if new and status >= 500:
+            out[ATTR_ERROR_TYPE] = str(status)
+    return out
+
+
+def _put(out: dict[str, Any], old: bool, new: bool, old_key: str, new_key: str, value: Any) -> None:
+    if old:
+        out[old_key] = value
+    if new:
+        out[new_key] = value
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, -(-len(ordered) * 99 // 100) - 1)]  # nearest rank
+
+
+class SpanBuilder:
+    """Turns a finished :class:`TracedRecord` into spans (a server span and one span per stage)."""
+
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        fold_model: Callable[[str], str] | None = None,
+        semconv: str | None = None,
+    ) -> None:
+        self.resource = resource
+        self.scope = InstrumentationScope("stagescope", __version__)
+        self.semconv = semconv or semconv_mode()
+        self._fold = fold_model or (lambda m: m)
+
+    def stagescope_attributes(self, rec: TracedRecord) -> dict[str, Any]:
+        """Server-span attributes that are stagescope's own (stage summary, model, tokens, stream)."""
+        out: dict[str, Any] = {}
+        if rec.sampled_reason is not None:
+            out[ATTR_SAMPLED_REASON] = rec.sampled_reason
+        if rec.model is not None:
+            out[ATTR_MODEL] = self._fold(rec.model)
+        if rec.batch_size is not None:
+            out[ATTR_BATCH_SIZE] = rec.batch_size
+        if rec.input_hash is not None:
+            out[ATTR_INPUT_HASH] = rec.input_hash
+        out[ATTR_COLD_START] = bool(rec.cold_start)
+        if rec.queue_depth is not None:
+            out[ATTR_QUEUE_DEPTH] = rec.queue_depth
+        if rec.input_tokens is not None:
+            out[GENAI_USAGE_INPUT_TOKENS] = rec.input_tokens
+        if rec.output_tokens is not None:
+            out[GENAI_USAGE_OUTPUT_TOKENS] = rec.output_tokens
+        if rec.first_token_ns is not None:
+            out[VLLM_ATTR_TTFT] = (rec.first_token_ns - rec.start_ns) / 1e9
+            if rec.end_ns is not None:
+                out[VLLM_ATTR_E2E] = (rec.end_ns - rec.start_ns) / 1e9
+            gaps = rec.token_gaps_s()
+            if gaps:
+                out[ATTR_ITL_MEAN] = sum(gaps) / len(gaps)
+                out[ATTR_ITL_P99] = _p99(gaps)
+                out[ATTR_ITL_MAX] = max(gaps)
+                out[ATTR_TOKEN_GAPS] = gaps[:MAX_TOKEN_GAPS]
+        if rec.error_type is not None:
+            out[ATTR_ERROR_TYPE] = rec.error_type
+        if rec.attributes:
+            out.update(rec.attributes)
+        return out
+
+    def server_span(self, rec: TracedRecord) -> ReadableSpan:
+        method = (rec.method or "").upper()
+        method = method if method in _KNOWN_METHODS else "HTTP"
+        route = rec.route if rec.route_matched else None
+        name = f"{method} {route}" if route else method
+        attrs: dict[str, Any] = {}
+        if rec.scope is not None:
+            attrs = http_server_attributes(rec.scope, route, rec.status_code, self.semconv)
+        attrs.update(self.stagescope_attributes(rec))
+        failed = rec.error_type is not None or (rec.status_code or 0) >= 500
+        status = Status(StatusCode.ERROR, rec.error_type) if failed else _STATUS_UNSET
+        parent = None
+        if rec.parent_span_id:
+            flags = _SAMPLED if rec.parent_sampled else TraceFlags(0)
+            parent = SpanContext(rec.trace_id, rec.parent_span_id, is_remote=True, trace_flags=flags)
+        end_ns = rec.end_ns if rec.end_ns is not None else rec.start_ns
+        return ReadableSpan(
+            name=name,
+            context=SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED),
+            parent=parent,
+            resource=self.resource,
+            attributes=attrs,
+            kind=SpanKind.SERVER,
+            status=status,
+            start_time=to_wall_ns(rec.start_ns),
+            end_time=to_wall_ns(end_ns),
+            instrumentation_scope=self.scope,
+        )
+
+    def stage_spans(self, rec: TracedRecord) -> list[ReadableSpan]:
+        parent = SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED)
+        out = []
+        for iv in list(rec.stages):
+            out.append(
+                ReadableSpan(
+                    name=iv.stage,
+                    context=SpanContext(rec.trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED),
+                    parent=parent,
+                    resource=self.resource,
+                    attributes={ATTR_STAGE: iv.stage},
+                    kind=SpanKind.INTERNAL,
+                    start_time=to_wall_ns(iv.start_ns),
+                    end_time=to_wall_ns(iv.end_ns),
+                    instrumentation_scope=self.scope,
+                )
+            )
+        return out
+
+    def build(self, rec: TracedRecord, *, server: bool = True) -> list[ReadableSpan]:
+        """All spans of one request; ``server=False`` when another library owns the server span."""
+        spans = self.stage_spans(rec)
+        if server:
+            spans.insert(0, self.server_span(rec))
+        return spans
+
+
+#: (spans) -> None; must not block for long (exporters made by export.py only enqueue).
+Deliver = Callable[[Sequence[ReadableSpan]], object]
+
+
+def deliver_to_provider(provider: TracerProvider) -> Deliver:
+    """Hand finished spans to an SDK tracer provider's span processors (as ``Span.end`` would)."""
+    processor = provider._active_span_processor
+
+    def deliver(spans: Sequence[ReadableSpan]) -> None:
+        for s in spans:
+            processor.on_end(s)
+
+    return deliver
+
+
+class SpanPipeline:
+    """Bounded queue of kept records, drained by one background thread that builds and exports spans.
+
+    ``submit`` (request path) is a ``deque.append`` and, once per ``batch_size`` records, a wake-up;
+    when ``max_queue`` records wait, new ones are dropped and counted
+    (``span_dropped(n, exporter_label, "queue_full")``, n = spans the record would have made).
+    """
+
+    def __init__(
+        self,
+        builder: SpanBuilder,
+        deliver: Deliver,
+        *,
+        exporter_label: str,
+        metrics: Any = None,
+        count_exported: bool = False,
+        server_spans: bool = True,
+        max_queue: int = 8192,
+        batch_size: int = 256,
+        interval_s: float = 0.2,
+        flush_downstream: Callable[[], object] | None = None,
+    ) -> None:
+        self.builder = builder
+        self.deliver = deliver
+        self.exporter_label = exporter_label
+        self.metrics = metrics
+        self.count_exported = count_exported
+        self.server_spans = server_spans
+        self.max_queue = max_queue
+        self.batch_size = batch_size
+        self.interval_s = interval_s
+        self.flush_downstream = flush_downstream
+        self._queue: deque[TracedRecord] = deque()
+        self._submitted = 0
+        self._done = 0
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._warned = False
+        self._thread: threading.Thread | None = None
+        self._start_thread()
+        after_fork_in_child(self, "_after_fork")
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stagescope-spans", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        self._queue.clear()
+        self._submitted = self._done = 0
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        if not self._stopped:
+            self._start_thread()
+
+    def submit(self, rec: TracedRecord) -> None:
+        """Queue a kept record (never blocks; drops and counts when the queue is full)."""
+        q = self._queue
+        if len(q) >= self.max_queue or self._stopped:
+            self._count_dropped(1 + len(rec.stages), "queue_full" if not self._stopped else "shutdown")
+            return
+        q.append(rec)
+        self._submitted += 1
+        if len(q) >= self.batch_size:
+            self._wake.set()
+
+    def _count_dropped(self, n: int, reason: str) -> None:
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):  # telemetry never raises into the service
+                self.metrics.span_dropped(n, self.exporter_label, reason)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self._drain()
+            if self._stopped:
+                self._drain()
+                return
+
+    def _drain(self) -> None:
+        q = self._queue
+        while q:
+            batch: list[TracedRecord] = []
+            while q and len(batch) < self.batch_size:
+                batch.append(q.popleft())
+            spans: list[ReadableSpan] = []
+            for rec in batch:
+                try:
+                    spans.extend(self.builder.build(rec, server=self.server_spans))
+                except Exception:
+                    self._warn("building spans failed")
+                    self._count_dropped(1 + len(rec.stages), "build_failed")
+            try:
+                if spans:
+                    self.deliver(spans)
+                    if self.count_exported and self.metrics is not None:
+                        self.metrics.span_exported(len(spans), self.exporter_label)
+            except Exception:
+                self._warn("delivering spans failed")
+                self._count_dropped(len(spans), "export_failed")
+            with self._cond:
+                self._done += len(batch)
+                self._cond.notify_all()
+
+    def _warn(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _log.warning("stagescope: %s (further failures are counted, not logged)", what, exc_info=True)
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every record submitted so far is exported (then flush downstream)."""
+        target = self._submitted
+        self._wake.set()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._done >= target, timeout=timeout_s)
+        if self.flush_downstream is not None:
+            try:
+                self.flush_downstream()
+            except Exception:
+                self._warn("flushing the exporter failed")
+        return bool(ok)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Export what is queued, then stop the thread; later records are dropped and counted."""
+        if self._stopped:
+            return
+        self.force_flush(timeout_s)
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
