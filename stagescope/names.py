@@ -265,6 +265,29 @@ SLI_HISTOGRAM: Final[dict[str, str]] = {
 }
 
 # --------------------------------------------------------------------------------------------------
+# Recording rules and alerts written by `stagescope alerts build` (alerts/generated/); the dashboards,
+# the autoscaling examples (alerts/k8s/) and Alertmanager read them. Sloth-style SLO names.
+# --------------------------------------------------------------------------------------------------
+SLO_WINDOWS: Final[tuple[str, ...]] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")  # burn-rate windows
+RULE_SLI_ERROR_RATIO_FORMAT: Final = "slo:sli_error:ratio_rate{window}"  # bad / total over the window
+RULE_SLO_OBJECTIVE: Final = "slo:objective:ratio"  # e.g. 0.99
+RULE_SLO_ERROR_BUDGET: Final = "slo:error_budget:ratio"  # 1 - objective
+RULE_SLO_THRESHOLD: Final = "slo:latency_threshold:seconds"  # the SLO's latency threshold, seconds
+RULE_SLO_BUDGET_REMAINING: Final = "slo:period_error_budget_remaining:ratio"  # 1 = untouched, <0 = spent
+RULE_STAGE_P99: Final = f"job_model_stage:{METRIC_STAGE_DURATION}:p99_rate5m"  # seconds
+RULE_STAGE_MEAN: Final = f"job_model_stage:{METRIC_STAGE_DURATION}:mean_rate5m"  # seconds
+RULE_REQUEST_P99: Final = f"job_route:{METRIC_REQUEST_DURATION}:p99_rate5m"  # seconds
+RULE_QUEUE_DEPTH: Final = f"job_model:{METRIC_QUEUE_DEPTH}:avg1m"  # requests waiting; autoscale on it
+ALERT_FAST_BURN: Final = "LatencySLOFastBurn"  # severity=page
+ALERT_SLOW_BURN: Final = "LatencySLOSlowBurn"  # severity=ticket
+LABEL_SLO: Final = "slo"
+LABEL_SLI: Final = "sli"
+LABEL_SEVERITY: Final = "severity"
+SEVERITY_PAGE: Final = "page"
+SEVERITY_TICKET: Final = "ticket"
+
+
+# --------------------------------------------------------------------------------------------------
 # Environment variables (explicit argument first, then these, then defaults).
 # --------------------------------------------------------------------------------------------------
 ENV_SPANS_DIR: Final = "STAGESCOPE_SPANS_DIR"
