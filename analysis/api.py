@@ -1,0 +1,215 @@
+"""The analysis library entry point: ``analyze(dataset, slo) -> dict`` (the pinned report JSON) and
+polars frames for notebooks.
+
+``dataset`` is the ingest's ``Dataset`` (anything with a ``.con`` DuckDB connection and optional
+``.warnings``) or a DuckDB connection holding the pinned relations. All latencies are milliseconds.
+For TTFT and inter-token SLOs the report's ``latency_ms``, ``attribution`` and ``predicted_p99_ms``
+describe that quantity, and ``p99`` keys hold the SLO's own quantile where they predict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from stagescope.analysis import attribution as A
+from stagescope.analysis import breach as B
+from stagescope.analysis import counterfactual as C
+from stagescope.analysis import evidence as E
+from stagescope.analysis import levers as L
+from stagescope.errors import UserError
+from stagescope.names import UNATTRIBUTED
+from stagescope.slo import SLO, parse_slo
+
+__all__ = ["analyze", "connection", "frames"]
+
+#: Stages with less than this share of the excess get no lever entry.
+MIN_LEVER_SHARE = 0.05
+#: Unattributed time above this share of the excess means: measure first.
+UNATTRIBUTED_VERDICT_SHARE = 0.5
+SLOWEST_N = 15
+CDF_POINTS = 200
+
+
+def connection(dataset: Any) -> duckdb.DuckDBPyConnection:
+    """The DuckDB connection of a Dataset (``.con``) or the connection itself."""
+    con = getattr(dataset, "con", dataset)
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        raise TypeError("analyze() needs an ingest Dataset or a DuckDB connection")
+    return con
+
+
+def _slos(slo: str | SLO | list[SLO]) -> list[SLO]:
+    if isinstance(slo, SLO):
+        return [slo]
+    if isinstance(slo, str):
+        return parse_slo(slo)
+    return list(slo)
+
+
+def _pick(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[SLO, list[dict[str, Any]]]:
+    """The SLO the report is about: the breached one furthest over its threshold (else the closest)."""
+    if len(slos) == 1:
+        return slos[0], []
+    scored = []
+    for s in slos:
+        view = B.sli_view(con, s)
+        qs = B.quantiles(con, view)
+        ratio = (qs["q"] or 0.0) / s.threshold_ms
+        scored.append((ratio, s, qs))
+    scored.sort(key=lambda t: -t[0])
+    others = [
+        {"slo": s.to_dict(), "quantile_ms": None if qs["q"] is None else round(qs["q"], 3), "breached": r > 1.0}
+        for r, s, qs in scored[1:]
+    ]
+    return scored[0][1], others
+
+
+def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
+    ps = [i / CDF_POINTS for i in range(CDF_POINTS + 1)]
+    ps = sorted(set([*ps, 0.95, 0.99, 0.995, 0.999]))
+    row = con.execute(f"SELECT quantile_cont(value_ms, {ps}) FROM {view.name}").fetchone()
+    if not row or row[0] is None:
+        return []
+    return [[round(float(v), 3), p] for v, p in zip(row[0], ps, strict=True)]
+
+
+def _timeline_window(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> str:
+    row = con.execute(f"SELECT (max(start_unix_ns) - min(start_unix_ns)) / 1e9 FROM {view.name}").fetchone()
+    span = float(row[0] or 0.0) if row else 0.0
+    return f"{max(1, round(span / 40))}s"
+
+
+def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution) -> list[dict[str, Any]]:
+    if not view.per_request:
+        rows = con.execute(
+            f"SELECT trace_id, max(value_ms) v, count(*) FROM {view.name} GROUP BY 1 ORDER BY v DESC LIMIT {SLOWEST_N}"
+        ).fetchall()
+        return [{"trace_id": t, "value_ms": round(v, 3), "stages": {}, "gaps": int(n)} for t, v, n in rows]
+    cols = [*list(attr.columns.items()), (UNATTRIBUTED, UNATTRIBUTED)]
+    sel = ", ".join(c for _, c in cols)
+    rows = con.execute(
+        f"SELECT trace_id, start_unix_ns, value_ms, {sel} FROM {A.BREAKDOWN} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
+    ).fetchall()
+    out = []
+    for r in rows:
+        stages = {s: round(float(v), 3) for (s, _), v in zip(cols, r[3:], strict=True) if v}
+        out.append({"trace_id": r[0], "start_unix_ms": int(r[1] // 1_000_000), "value_ms": round(r[2], 3), "stages": stages})
+    return out
+
+
+def analyze(
+    dataset: Any, slo: str | SLO | list[SLO], *, window: str = B.DEFAULT_WINDOW, warnings: list[str] | None = None
+) -> dict[str, Any]:
+    """Analyse one incident: the pinned report dict (see the module docstring and the README)."""
+    con = connection(dataset)
+    warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
+    slos, notes = B.resolve_slos(con, _slos(slo))
+    warns += notes
+    chosen, others = _pick(con, slos)
+    ev_res = B.evaluate(con, chosen, window)
+    view: B.SLIView = ev_res["view"]
+    warns += view.warnings
+    qs = ev_res["quantiles"]
+    breached = ev_res["breached"]
+    report: dict[str, Any] = {
+        "slo": chosen.to_dict(),
+        "requests": _request_count(con, view),
+        "samples": view.count,
+        "breached": breached,
+        "latency_ms": {k: (None if qs[k] is None else round(qs[k], 3)) for k in ("p50", "p95", "p99")},
+        "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),
+        "attribution": [],
+        "verdict": None,
+        "levers": [],
+        "windows": ev_res["windows"],
+        "warnings": warns,
+    }
+    if view.count == 0:
+        warns.append(f"no samples for SLO {chosen.spec}: nothing to analyse")
+        return report
+    attr = A.attribute(con, view, breached, qs["q"], qs["p50"])
+    if attr.baseline_n == 0:
+        warns.append("no baseline requests (every sample is over the threshold): excess is measured against nothing")
+    ev = E.gather(con, view, attr)
+    ev["shares"] = {r["stage"]: r["share"] for r in attr.rows}
+    ev["excess"] = {r["stage"]: r["excess_ms"] for r in attr.rows}
+    ev["batch_wait_cap_ms"] = C.batch_wait_cap_ms(ev)
+    cf = C.stage_counterfactuals(con, view, attr, ev)
+    for r in attr.rows:
+        r["counterfactual_ms"] = cf.get(r["stage"])
+    report["attribution"] = attr.rows
+    report["tail"] = {
+        "condition": attr.tail_condition, "baseline_condition": attr.baseline_condition,
+        "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
+        "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
+    }  # fmt: skip
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess")}
+    if breached:
+        report["levers"] = _levers(con, view, attr, ev)
+        report["verdict"] = _verdict(attr, report["levers"])
+    report["cdf"] = _cdf(con, view)
+    report["timeline"] = B.windows(con, view, _timeline_window(con, view))
+    report["slowest"] = _slowest(con, view, attr)
+    if others:
+        report["other_slos"] = others
+    return report
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 3)
+
+
+def _request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
+    row = con.execute(f"SELECT count(DISTINCT trace_id) FROM {view.name}").fetchone() if not view.per_request else None
+    return int(row[0]) if row else view.count
+
+
+def _levers(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution, ev: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in attr.rows:
+        if r["share"] < MIN_LEVER_SHARE:
+            continue
+        chosen = L.choose(r["stage"], ev)
+        if chosen is None:
+            continue
+        lever, why = chosen
+        if lever is None:
+            out.append({"lever": None, "stage": r["stage"], "predicted_p99_ms": None, "rationale": why})
+            continue
+        pred, model = C.lever_prediction(con, view, attr, ev, lever, r["stage"])
+        out.append(
+            {"lever": lever, "stage": r["stage"], "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
+        )
+    return out
+
+
+def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    shares = {r["stage"]: r["share"] for r in attr.rows}
+    if shares.get(UNATTRIBUTED, 0.0) > UNATTRIBUTED_VERDICT_SHARE:
+        return {"stage": UNATTRIBUTED, "lever": None}
+    for lv in levers:
+        if lv["lever"] is not None:
+            return {"stage": lv["stage"], "lever": lv["lever"]}
+    return None
+
+
+def frames(dataset: Any) -> dict[str, Any]:
+    """Polars frames of the latest analysis on this connection: ``breakdown`` (per request and stage
+    column, ms; call after :func:`analyze`), ``requests``, ``stages`` and ``metric_samples`` (as loaded)."""
+    con = connection(dataset)
+    out: dict[str, Any] = {}
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()}
+    for name in ("requests", "stages", "metric_samples", A.BREAKDOWN):
+        if name in tables:
+            out[name] = con.sql(f"SELECT * FROM {name}").pl()
+    if A.BREAKDOWN in out:
+        try:
+            cols = A.stage_columns(con)
+        except duckdb.Error:
+            cols = {}
+        out[A.BREAKDOWN] = out[A.BREAKDOWN].rename({c: s for s, c in cols.items() if c in out[A.BREAKDOWN].columns})
+    if not out:
+        raise UserError("no analysis tables in this connection")
+    return out

@@ -1,0 +1,194 @@
+"""Attribution: how much of the tail's excess latency each stage explains.
+
+Per request we first split the SLI's interval (arrival to last byte for ``e2e``, arrival to first
+token for ``ttft``) into stages along the **critical path**, then compare requests in the tail with a
+baseline of normal requests.
+
+Per-request split (table ``ss_breakdown``, one row per trace, milliseconds):
+
+* every stage span is clipped to the SLI interval ``[start, start + value]`` (for TTFT only the stages
+  before the first token count: queue, prefill, feature fetch ...);
+* fast path: when a trace's clipped stage spans are disjoint (each stage once, and their total not
+  above the interval) a stage's time is the sum of its spans;
+* otherwise (parallel fetches, overlapping stages) the interval is cut at every span boundary and each
+  elementary segment goes to the covering stage that **ends last**: the one the request was still
+  waiting for, i.e. the critical path. A segment counts once, so stages never sum above the request;
+* ``unattributed`` is the time in no stage; ``network`` (``e2e`` only) is the client-observed duration
+  minus the server duration, where a load-generator CLIENT span exists.
+
+Tail and baseline: the tail is the samples above the threshold when the SLO is breached (else those
+at or above the SLO quantile); the baseline is the samples at or below the median and under the
+threshold. ``excess_ms`` is a stage's mean in the tail minus its mean in the baseline; ``share`` is
+its part of the summed positive excess (negative excess shares 0).
+
+For inter-token SLOs the samples are gaps, all of them decode time: the excess is the tail gaps' mean
+minus the baseline gaps' mean and goes to ``decode``; the evidence (running batch) is in levers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.names import SLI_E2E, STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
+
+__all__ = ["Attribution", "attribute", "build_breakdown", "stage_columns"]
+
+BREAKDOWN = "ss_breakdown"
+
+
+@dataclass
+class Attribution:
+    """Result of :func:`attribute`; ``columns`` maps stage -> column of ``ss_breakdown``."""
+
+    rows: list[dict[str, Any]]
+    tail_n: int
+    baseline_n: int
+    tail_condition: str
+    baseline_condition: str
+    columns: dict[str, str] = field(default_factory=dict)
+    tail_mean_ms: float | None = None
+    baseline_mean_ms: float | None = None
+
+    @property
+    def top(self) -> str | None:
+        return self.rows[0]["stage"] if self.rows and self.rows[0]["excess_ms"] > 0 else None
+
+
+def stage_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Stage name -> safe column name, known stages first in vocabulary order, then any others."""
+    found = [r[0] for r in con.execute("SELECT DISTINCT stage FROM stages WHERE stage IS NOT NULL").fetchall()]
+    ordered = [s for s in STAGES if s in found] + sorted(s for s in found if s not in STAGES)
+    return {s: f"c{i}" for i, s in enumerate(ordered)}
+
+
+def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, str]:
+    """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column."""
+    cols = stage_columns(con)
+    case = "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+    k_of = {c: i for i, c in enumerate(cols.values())}
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_req AS
+        SELECT trace_id, min(start_unix_ns) AS t0, max(value_ms) AS value_ms,
+               min(start_unix_ns) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1
+        FROM {view.name} GROUP BY trace_id"""
+    )
+    iv = f"""SELECT s.trace_id, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a,
+                    least(s.end_unix_ns, r.t1) AS b, r.t1 - r.t0 AS span
+             FROM stages s JOIN ss_req r USING (trace_id)
+             WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0)"""
+    sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
+        SELECT trace_id, {sums},
+               (count(*) <> bit_count(bit_or(1::UBIGINT << k))) OR sum(b - a) > max(span) AS overlap
+        FROM ({iv}) GROUP BY trace_id"""
+    )
+    # Critical path for traces whose stage spans overlap: elementary segments to the last-ending stage.
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_sweep AS
+        WITH iv AS (SELECT * FROM ({iv}) WHERE trace_id IN (SELECT trace_id FROM ss_fast WHERE overlap)),
+        pts AS (SELECT trace_id, a AS t FROM iv UNION SELECT trace_id, b FROM iv),
+        seg AS (SELECT trace_id, t AS a, lead(t) OVER (PARTITION BY trace_id ORDER BY t) AS b FROM pts),
+        cov AS (SELECT seg.trace_id, seg.a, seg.b, arg_max(iv.k, iv.b) AS k
+                FROM seg JOIN iv ON seg.trace_id = iv.trace_id AND iv.a <= seg.a AND iv.b >= seg.b
+                WHERE seg.b IS NOT NULL GROUP BY seg.trace_id, seg.a, seg.b)
+        SELECT trace_id, {sums} FROM cov GROUP BY trace_id"""
+    )
+    col_list = list(cols.values())
+    picked = ", ".join(
+        f"CASE WHEN f.overlap THEN coalesce(w.{c}, 0) ELSE coalesce(f.{c}, 0) END AS {c}" for c in col_list
+    )
+    total = " + ".join(col_list) if col_list else "0"
+    network = "NULL::DOUBLE"
+    if view.slo.sli == SLI_E2E:
+        network = "greatest(q.client_duration_ms - q.duration_ms, 0)"
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
+        WITH b AS (
+            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}
+            FROM ss_req r LEFT JOIN ss_fast f USING (trace_id) LEFT JOIN ss_sweep w USING (trace_id)
+        ), net AS (
+            SELECT trace_id, max({network}) AS network FROM requests q
+            WHERE trace_id IN (SELECT trace_id FROM ss_req) GROUP BY trace_id
+        )
+        SELECT b.*, greatest(b.value_ms - ({total}), 0) AS unattributed, net.network
+        FROM b LEFT JOIN net USING (trace_id)"""
+    )
+    for t in ("ss_fast", "ss_sweep"):
+        con.execute(f"DROP TABLE IF EXISTS {t}")
+    return cols
+
+
+def _conditions(threshold_ms: float, breached: bool, q_ms: float | None, p50_ms: float | None) -> tuple[str, str]:
+    if breached:
+        tail = f"value_ms > {threshold_ms!r}"
+    else:
+        tail = f"value_ms >= {float(q_ms if q_ms is not None else threshold_ms)!r}"
+    med = float(p50_ms) if p50_ms is not None else threshold_ms
+    base = f"value_ms <= {min(med, threshold_ms)!r}"
+    return tail, base
+
+
+def _rows(excess: dict[str, float | None], means: dict[str, tuple[float | None, float | None]]) -> list[dict[str, Any]]:
+    pos = sum(max(v or 0.0, 0.0) for v in excess.values())
+    rows: list[dict[str, Any]] = []
+    for stage, ex in excess.items():
+        if ex is None:
+            continue
+        tail_m, base_m = means[stage]
+        rows.append(
+            {
+                "stage": stage,
+                "excess_ms": round(ex, 3),
+                "share": round(max(ex, 0.0) / pos, 4) if pos > 0 else 0.0,
+                "tail_mean_ms": None if tail_m is None else round(tail_m, 3),
+                "baseline_mean_ms": None if base_m is None else round(base_m, 3),
+            }
+        )
+    rows.sort(key=lambda r: (-r["share"], -r["excess_ms"]))
+    return rows
+
+
+def attribute(
+    con: duckdb.DuckDBPyConnection, view: SLIView, breached: bool, q_ms: float | None, p50_ms: float | None
+) -> Attribution:
+    """Excess latency per stage, tail against baseline (see the module docstring)."""
+    tail, base = _conditions(view.slo.threshold_ms, breached, q_ms, p50_ms)
+    if not view.per_request:
+        row = con.execute(
+            f"SELECT count(*) FILTER (WHERE {tail}), count(*) FILTER (WHERE {base}), "
+            f"avg(value_ms) FILTER (WHERE {tail}), avg(value_ms) FILTER (WHERE {base}) FROM {view.name}"
+        ).fetchone()
+        assert row is not None
+        tn, bn, tm, bm = row
+        ex = None if tm is None or bm is None else tm - bm
+        rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
+        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm)
+    cols = build_breakdown(con, view)
+    parts = dict(cols)
+    parts[UNATTRIBUTED] = UNATTRIBUTED
+    has_net = con.execute(f"SELECT count(network) FROM {BREAKDOWN}").fetchone()
+    if has_net and has_net[0]:
+        parts[STAGE_NETWORK] = "network"
+    sel = ", ".join(
+        f"avg(coalesce({c}, 0)) FILTER (WHERE {tail}), avg(coalesce({c}, 0)) FILTER (WHERE {base})"
+        for c in parts.values()
+    )
+    row = con.execute(
+        f"SELECT count(*) FILTER (WHERE {tail}), count(*) FILTER (WHERE {base}), "
+        f"avg(value_ms) FILTER (WHERE {tail}), avg(value_ms) FILTER (WHERE {base}), {sel} FROM {BREAKDOWN}"
+    ).fetchone()
+    assert row is not None
+    tn, bn, tm, bm = row[:4]
+    vals = row[4:]
+    excess: dict[str, float | None] = {}
+    means: dict[str, tuple[float | None, float | None]] = {}
+    for i, stage in enumerate(parts):
+        t, b = vals[2 * i], vals[2 * i + 1]
+        means[stage] = (t, b)
+        excess[stage] = None if t is None or b is None else t - b
+    return Attribution(_rows(excess, means), int(tn), int(bn), tail, base, cols, tm, bm)

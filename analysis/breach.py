@@ -1,0 +1,238 @@
+"""SLO evaluation: which samples an SLO is about, its quantiles, and breach detection per time window.
+
+Everything here is set-based DuckDB SQL over the pinned analysis relations (``requests``,
+``stages``, ``token_gaps``, ``metric_samples``), so it scales to millions of requests.
+
+SLI samples (milliseconds):
+
+* ``e2e``: one sample per server request, ``requests.duration_ms``;
+* ``ttft``: one sample per streamed request, ``requests.ttft_ms`` (arrival to first token);
+* ``itl``: one sample per inter-token gap, ``token_gaps.gap_ms``; where the data has no gaps (vLLM's
+  ``llm_request`` spans carry none) the per-request ``itl_p99_ms`` (else ``itl_mean_ms``) stands in,
+  with a warning.
+
+Requests answered 429 (load shed) are not latency samples: they are counted and reported apart.
+The overall quantile uses ``quantile_cont`` (linear interpolation), like numpy's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from stagescope.errors import UserError
+from stagescope.names import DCGM_GPU_UTIL, SLI_E2E, SLI_ITL, SLI_TTFT, TRITON_GPU_UTILIZATION
+from stagescope.slo import SLO, parse_duration_s
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "SLIView",
+    "evaluate",
+    "quantiles",
+    "resolve_slos",
+    "sli_view",
+    "sql_str",
+    "windows",
+]
+
+DEFAULT_WINDOW = "1m"
+#: Metrics read as accelerator utilization (percent), in order of preference.
+UTIL_METRICS: tuple[str, ...] = (DCGM_GPU_UTIL, TRITON_GPU_UTILIZATION)
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+@dataclass
+class SLIView:
+    """The samples of one SLO as a temp view ``name`` with columns ``trace_id``, ``start_unix_ns``,
+    ``value_ms``; ``per_request`` is False for inter-token gaps (several samples per request)."""
+
+    slo: SLO
+    name: str
+    request_filter: str
+    value_expr: str
+    per_request: bool
+    count: int
+    shed: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _request_filter(slo: SLO) -> str:
+    conds = ["coalesce(status_code, 0) <> 429"]
+    if slo.route is not None:
+        conds.append(f"route = {sql_str(slo.route)}")
+    if slo.model is not None:
+        conds.append(f"model = {sql_str(slo.model)}")
+    return " AND ".join(conds)
+
+
+def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> SLIView:
+    """Create (or replace) the temp view of ``slo``'s samples and count them."""
+    flt = _request_filter(slo)
+    warnings: list[str] = []
+    per_request = True
+    if slo.sli == SLI_E2E:
+        value_expr = "duration_ms"
+    elif slo.sli == SLI_TTFT:
+        value_expr = "ttft_ms"
+    elif slo.sli == SLI_ITL:
+        value_expr = "coalesce(itl_p99_ms, itl_mean_ms)"
+        per_request = False
+    else:  # pragma: no cover - SLO validates its sli
+        raise UserError(f"unknown SLI {slo.sli!r}")
+    if per_request:
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT trace_id, start_unix_ns, "
+            f"CAST({value_expr} AS DOUBLE) AS value_ms FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
+        )
+    else:
+        n_gaps = con.execute(
+            f"SELECT count(*) FROM token_gaps g SEMI JOIN (SELECT trace_id FROM requests WHERE {flt}) r "
+            "USING (trace_id)"
+        ).fetchone()
+        if n_gaps is not None and n_gaps[0] > 0:
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT g.trace_id, r.start_unix_ns, "
+                f"CAST(g.gap_ms AS DOUBLE) AS value_ms FROM token_gaps g JOIN requests r USING (trace_id) "
+                f"WHERE {flt.replace('status_code', 'r.status_code')} AND g.gap_ms IS NOT NULL"
+            )
+        else:
+            warnings.append(
+                "no per-gap inter-token samples (stagescope.itl.gaps) in the data: one per-request "
+                "inter-token p99 (else mean) per stream stands in for the gaps"
+            )
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT trace_id, start_unix_ns, "
+                f"CAST({value_expr} AS DOUBLE) AS value_ms FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
+            )
+    row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+    count = int(row[0]) if row else 0
+    shed_flt = flt.replace("coalesce(status_code, 0) <> 429", "status_code = 429")
+    srow = con.execute(f"SELECT count(*) FROM requests WHERE {shed_flt}").fetchone()
+    shed = int(srow[0]) if srow else 0
+    if shed:
+        warnings.append(f"{shed} requests were shed (HTTP 429) and are not latency samples")
+    return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings)
+
+
+def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float | None]:
+    """p50, p95, p99 and the SLO's own quantile (key ``"q"``) of the samples, in milliseconds."""
+    q = view.slo.quantile
+    row = con.execute(
+        f"SELECT quantile_cont(value_ms, [0.5, 0.95, 0.99, {q}]) FROM {view.name}"
+    ).fetchone()
+    vals = row[0] if row and row[0] is not None else [None] * 4
+    return {"p50": vals[0], "p95": vals[1], "p99": vals[2], "q": vals[3]}
+
+
+def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
+    for metric in UTIL_METRICS:
+        row = con.execute(
+            "SELECT count(*) FROM metric_samples WHERE metric = ? AND ts_ms IS NOT NULL", [metric]
+        ).fetchone()
+        if row and row[0]:
+            return f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+    return None
+
+
+def windows(con: duckdb.DuckDBPyConnection, view: SLIView, window: str = DEFAULT_WINDOW) -> list[dict[str, Any]]:
+    """Per time window (by request start): sample count, p50, the SLO quantile, share of samples over
+    the threshold, whether the window breaches, mean queue depth seen by its requests and mean
+    accelerator utilization (percent, from ``metric_samples`` when present)."""
+    try:
+        w_s = parse_duration_s(window)
+    except ValueError as exc:
+        raise UserError(f"bad --window: {exc}") from None
+    if w_s <= 0:
+        raise UserError(f"bad --window {window!r}: must be positive")
+    w_ns = int(w_s * 1e9)
+    q = view.slo.quantile
+    thr = view.slo.threshold_ms
+    util = _util_sql(con)
+    util_join = (
+        f"LEFT JOIN (SELECT (ts_ms * 1000000 // {w_ns}) * {w_ns} AS w, avg(value) AS util FROM ({util}) "
+        "GROUP BY 1) u ON u.w = s.w"
+        if util
+        else ""
+    )
+    util_col = "u.util" if util else "NULL::DOUBLE"
+    rows = con.execute(
+        f"""
+        WITH s AS (
+            SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, count(*) AS n,
+                   quantile_cont(value_ms, 0.5) AS p50, quantile_cont(value_ms, {q}) AS pq,
+                   avg(CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END) AS bad
+            FROM {view.name} GROUP BY 1
+        ), d AS (
+            SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, avg(queue_depth) AS qd, avg(batch_size) AS bs
+            FROM requests WHERE {view.request_filter} GROUP BY 1
+        )
+        SELECT s.w, s.n, s.p50, s.pq, s.bad, d.qd, d.bs, {util_col}
+        FROM s LEFT JOIN d ON d.w = s.w {util_join} ORDER BY s.w
+        """
+    ).fetchall()
+    out = []
+    for w, n, p50, pq, bad, qd, bs, ut in rows:
+        out.append(
+            {
+                "start_unix_ms": int(w // 1_000_000),
+                "seconds": w_s,
+                "samples": int(n),
+                "p50_ms": _r(p50),
+                "quantile_ms": _r(pq),
+                "over_threshold_share": _r(bad, 4),
+                "breached": bool(pq is not None and pq > thr),
+                "queue_depth_mean": _r(qd),
+                "batch_size_mean": _r(bs),
+                "utilization_pct": _r(ut),
+            }
+        )
+    return out
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[SLO], list[str]]:
+    """Keep the SLOs the data can answer: its route and model occur and its SLI has samples.
+
+    A one-line spec always applies (no route). For an SLO file, SLOs for routes or SLIs absent from
+    the data are skipped with a note; if none remain that is a user error."""
+    if len(slos) == 1 and slos[0].route is None and slos[0].model is None:
+        return slos, []
+    kept: list[SLO] = []
+    notes: list[str] = []
+    for slo in slos:
+        flt = _request_filter(slo)
+        col = {SLI_E2E: "duration_ms", SLI_TTFT: "ttft_ms"}.get(slo.sli, "coalesce(itl_p99_ms, itl_mean_ms)")
+        if slo.sli == SLI_ITL:
+            cond = f"({col} IS NOT NULL OR trace_id IN (SELECT trace_id FROM token_gaps))"
+        else:
+            cond = f"{col} IS NOT NULL"
+        row = con.execute(f"SELECT count(*) FROM requests WHERE {flt} AND {cond}").fetchone()
+        if row and row[0]:
+            kept.append(slo)
+        else:
+            notes.append(f"SLO {slo.name!r} ({slo.spec}, route {slo.route or 'any'}) has no samples in the data")
+    if not kept:
+        raise UserError("no SLO in the SLO file matches the data: " + "; ".join(notes))
+    return kept, notes
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, slo: SLO, window: str = DEFAULT_WINDOW) -> dict[str, Any]:
+    """Quantiles, breach flag and windows of one SLO (creates the temp view ``ss_sli``)."""
+    view = sli_view(con, slo)
+    qs = quantiles(con, view) if view.count else {"p50": None, "p95": None, "p99": None, "q": None}
+    breached = bool(qs["q"] is not None and qs["q"] > slo.threshold_ms)
+    return {
+        "view": view,
+        "quantiles": qs,
+        "breached": breached,
+        "windows": windows(con, view, window) if view.count else [],
+    }

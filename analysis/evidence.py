@@ -1,0 +1,125 @@
+"""Evidence the lever rules read: measured facts about the tail against the baseline.
+
+All values are plain numbers (``None`` when the data lacks them), computed in DuckDB over
+``ss_breakdown`` (per-request SLIs) or the SLI view (inter-token gaps), ``requests`` and
+``metric_samples``:
+
+* ``repeated_hash_share_tail`` / ``_baseline``: share of requests whose ``input_hash`` occurs more than
+  once in the analysed traffic (identical inputs recomputed);
+* ``cold_start_share_tail``: share of tail requests flagged ``cold_start``;
+* ``batch_size_tail`` / ``_baseline`` / ``batch_size_max``: mean batch size (for streams: the running
+  decode batch) of tail and baseline requests, and the largest seen (a proxy for the configured max);
+* ``queue_depth_tail`` / ``_baseline``: mean queue depth seen by requests on arrival;
+* ``inflight_mean``: mean of ``stagescope_inflight_requests`` samples, when scraped;
+* ``utilization_pct``: mean accelerator utilization (dcgm-exporter ``DCGM_FI_DEV_GPU_UTIL`` or
+  Triton ``nv_gpu_utilization``) over the samples, ``utilization_pct_tail`` the value last sampled
+  before each tail request (as-of join);
+* ``running_tail`` / ``running_baseline``: vLLM ``num_requests_running`` as of each request, when scraped;
+* ``stage_quantiles``: per stage, baseline p50 and the SLO quantile of that stage among baseline
+  requests (ms), the reference for "behaved like its baseline".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from stagescope.analysis.attribution import BREAKDOWN, Attribution
+from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
+from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
+
+__all__ = ["gather"]
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    row = con.execute(sql).fetchone()
+    return None if row is None else row[0]
+
+
+def _f(x: Any, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _asof_mean(con: duckdb.DuckDBPyConnection, metric_sql: str, keys: str) -> float | None:
+    """Mean metric value as of each request in ``keys`` (a query with ``start_unix_ns``)."""
+    return _f(
+        _one(
+            con,
+            f"""SELECT avg(m.value) FROM ({keys}) k ASOF JOIN ({metric_sql}) m
+                ON k.start_unix_ns // 1000000 >= m.ts_ms""",
+        )
+    )
+
+
+def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> dict[str, Any]:
+    """Collect the evidence for one analysed SLO (see the module docstring)."""
+    tail, base = attr.tail_condition, attr.baseline_condition
+    src = BREAKDOWN if view.per_request else view.name
+    # per-request keys of tail and baseline samples (gaps map to their stream)
+    tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
+    base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
+    ev: dict[str, Any] = {}
+    row = con.execute(
+        f"""WITH r AS (SELECT trace_id, input_hash, cold_start, batch_size, queue_depth FROM requests
+                       WHERE {view.request_filter}),
+            h AS (SELECT input_hash, count(*) AS c FROM r WHERE input_hash IS NOT NULL GROUP BY 1),
+            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h USING (input_hash)),
+            t AS (SELECT rr.* FROM rr SEMI JOIN ({tail_keys}) k USING (trace_id)),
+            b AS (SELECT rr.* FROM rr SEMI JOIN ({base_keys}) k USING (trace_id))
+        SELECT (SELECT avg(repeated::INT) FROM t WHERE input_hash IS NOT NULL),
+               (SELECT avg(repeated::INT) FROM b WHERE input_hash IS NOT NULL),
+               (SELECT avg(cold_start::INT) FROM t), (SELECT avg(cold_start::INT) FROM b),
+               (SELECT avg(batch_size) FROM t), (SELECT avg(batch_size) FROM b), (SELECT max(batch_size) FROM rr),
+               (SELECT avg(queue_depth) FROM t), (SELECT avg(queue_depth) FROM b),
+               (SELECT count(*) FROM rr)"""
+    ).fetchone()
+    assert row is not None
+    keys = [
+        "repeated_hash_share_tail", "repeated_hash_share_baseline", "cold_start_share_tail",
+        "cold_start_share_baseline", "batch_size_tail", "batch_size_baseline", "batch_size_max",
+        "queue_depth_tail", "queue_depth_baseline", "requests",
+    ]  # fmt: skip
+    for k, v in zip(keys, row, strict=True):
+        ev[k] = _f(v)
+    for metric in UTIL_METRICS:
+        msql = f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+        mean = _one(con, f"SELECT avg(value) FROM metric_samples WHERE metric = {sql_str(metric)}")
+        if mean is not None:
+            ev["utilization_pct"] = _f(mean)
+            ev["utilization_metric"] = metric
+            ev["utilization_pct_tail"] = _asof_mean(con, msql, tail_keys)
+            ev["utilization_pct_baseline"] = _asof_mean(con, msql, base_keys)
+            break
+    inflight = _one(con, f"SELECT avg(value) FROM metric_samples WHERE metric = {sql_str(METRIC_INFLIGHT)}")
+    ev["inflight_mean"] = _f(inflight)
+    msql = f"SELECT ts_ms, sum(value) AS value FROM metric_samples WHERE metric = {sql_str(VLLM_NUM_RUNNING)} AND ts_ms IS NOT NULL GROUP BY ts_ms"
+    if _one(con, f"SELECT count(*) FROM ({msql})"):
+        ev["running_tail"] = _asof_mean(con, msql, tail_keys)
+        ev["running_baseline"] = _asof_mean(con, msql, base_keys)
+    ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
+    return ev
+
+
+def _stage_quantiles(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> dict[str, dict[str, Any]]:
+    if not view.per_request or not attr.columns:
+        return {}
+    q = view.slo.quantile
+    cols = list(attr.columns.items())
+    sel = ", ".join(
+        f"quantile_cont(coalesce({c}, 0), [0.5, {q}]) FILTER (WHERE {attr.baseline_condition}), "
+        f"quantile_cont(coalesce({c}, 0), [0.5, {q}]) FILTER (WHERE {attr.tail_condition})"
+        for _, c in cols
+    )
+    row = con.execute(f"SELECT {sel} FROM {BREAKDOWN}").fetchone()
+    out: dict[str, dict[str, Any]] = {}
+    assert row is not None
+    for i, (stage, _) in enumerate(cols):
+        b, t = row[2 * i], row[2 * i + 1]
+        out[stage] = {
+            "baseline_p50_ms": _f(b[0]) if b else None,
+            "baseline_q_ms": _f(b[1]) if b else None,
+            "tail_p50_ms": _f(t[0]) if t else None,
+            "tail_q_ms": _f(t[1]) if t else None,
+        }
+    return out

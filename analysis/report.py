@@ -1,0 +1,160 @@
+"""Rendering the analysis report: pinned JSON, a short text summary, one self-contained HTML file.
+
+The HTML has inline CSS and its plots as base64 PNG ``<img>`` elements (no external resources), so
+it opens offline and in headless browsers. Everything is drawn from the report dict alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from typing import Any
+
+__all__ = ["render", "to_html", "to_json", "to_text"]
+
+
+def to_json(report: dict[str, Any]) -> str:
+    """The report as indented JSON (the pinned keys plus supporting detail)."""
+    return json.dumps(report, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def _ms(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.1f} ms"
+
+
+def _q_name(report: dict[str, Any]) -> str:
+    slo = report["slo"]
+    q = f"p{slo['objective'] * 100:g}"
+    return q if slo["sli"] == "e2e" else f"{slo['sli']} {q}"
+
+
+def headline(report: dict[str, Any]) -> list[str]:
+    """The verdict in a few lines (shared by text and HTML)."""
+    slo = report["slo"]
+    lines = [
+        f"SLO {slo['spec']}: {'BREACHED' if report['breached'] else 'met'} -- {_q_name(report)} "
+        f"{_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over {report['samples']} samples"
+    ]
+    v = report.get("verdict")
+    if v:
+        share = next((r["share"] for r in report["attribution"] if r["stage"] == v["stage"]), None)
+        lev = next((x for x in report["levers"] if x["lever"] == v["lever"]), None)
+        lines.append(
+            f"Stage: {v['stage']} ({'n/a' if share is None else f'{share:.0%}'} of the excess latency); "
+            f"lever: {v['lever'] or 'measure first'}"
+            + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev else "")
+        )
+    return lines
+
+
+def to_text(report: dict[str, Any]) -> str:
+    """A short terminal summary."""
+    out = headline(report)
+    lat = report["latency_ms"]
+    out.append(f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}")
+    if report["attribution"]:
+        out.append("")
+        out.append(f"{'stage':<16}{'excess ms':>11}{'share':>8}{'tail ms':>10}{'base ms':>10}{'if baseline':>13}")
+        for r in report["attribution"]:
+            out.append(
+                f"{r['stage']:<16}{r['excess_ms']:>11.1f}{r['share']:>8.0%}"
+                f"{_num(r.get('tail_mean_ms')):>10}{_num(r.get('baseline_mean_ms')):>10}{_num(r.get('counterfactual_ms')):>13}"
+            )
+    if report["levers"]:
+        out.append("")
+        for lv in report["levers"]:
+            out.append(f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}")
+            out.append(f"  {lv['rationale']}")
+    bad = [w for w in report.get("windows", []) if w["breached"]]
+    if report.get("windows"):
+        out.append("")
+        out.append(f"windows breached: {len(bad)} of {len(report['windows'])}")
+    for w in report.get("warnings", []):
+        out.append(f"warning: {w}")
+    return "\n".join(out) + "\n"
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.1f}"
+
+
+_CSS = """
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1000px;color:#222}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.verdict{padding:12px 16px;border-radius:6px;margin:12px 0;font-size:15px}
+.breached{background:#fdecea;border-left:6px solid #d62728} .met{background:#e8f5e9;border-left:6px solid #2ca02c}
+table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:right}
+td:first-child,th:first-child{text-align:left} .plot{margin:10px 0} .plot img{max-width:100%;border:1px solid #eee}
+.small{color:#666;font-size:12px} .grid{display:flex;flex-wrap:wrap;gap:12px}
+"""
+
+
+def _img(png: bytes | None, alt: str, cls: str) -> str:
+    if png is None:
+        return f'<p class="small">{html.escape(alt)}: nothing to plot</p>'
+    b64 = base64.b64encode(png).decode("ascii")
+    return f'<div class="plot"><img class="{cls}" alt="{html.escape(alt)}" src="data:image/png;base64,{b64}"></div>'
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def to_html(report: dict[str, Any]) -> str:
+    """One self-contained HTML page: verdict, breakdown, CDF, timeline, levers, slowest traces."""
+    from stagescope.analysis import plots
+
+    e = html.escape
+    cls = "breached" if report["breached"] else "met"
+    verdict = "<br>".join(e(x) for x in headline(report))
+    attr_rows = [
+        [r["stage"], f"{r['excess_ms']:.1f}", f"{r['share']:.0%}", _num(r.get("tail_mean_ms")),
+         _num(r.get("baseline_mean_ms")), _num(r.get("counterfactual_ms"))]
+        for r in report["attribution"]
+    ]  # fmt: skip
+    lever_rows = [
+        [lv["lever"] or "measure first", lv["stage"], _ms(lv["predicted_p99_ms"]), lv["rationale"]]
+        for lv in report["levers"]
+    ]
+    slow_rows = [
+        [s["trace_id"], f"{s['value_ms']:.1f}",
+         ", ".join(f"{k} {v:.0f}" for k, v in sorted(s["stages"].items(), key=lambda kv: -kv[1])[:5])]
+        for s in report.get("slowest", [])
+    ]  # fmt: skip
+    lat = report["latency_ms"]
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>stagescope report: {e(report['slo']['spec'])}</title><style>{_CSS}</style></head><body>",
+        "<h1>stagescope breach analysis</h1>",
+        f"<div class='verdict {cls}' id='verdict'>{verdict}</div>",
+        f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
+        f"{report['requests']} requests, {report['samples']} samples</p>",
+        "<h2>Where the tail's time went</h2>",
+        _img(plots.breakdown_png(report), "stage breakdown, tail vs baseline", "plot-breakdown"),
+        _table(["stage", "excess ms", "share", "tail mean ms", "baseline mean ms", "p-quantile if baseline"], attr_rows),
+        "<h2>Levers</h2>",
+        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else "<p>No lever: the SLO is met.</p>",
+        "<h2>Latency distribution</h2>",
+        _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
+        "<h2>Over time</h2>",
+        _img(plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"),
+        "<h2>Slowest traces</h2>",
+        _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
+        _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
+    ]
+    if report.get("warnings"):
+        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def render(report: dict[str, Any], fmt: str = "text") -> str:
+    """``fmt``: ``text``, ``json`` or ``html``."""
+    if fmt == "json":
+        return to_json(report)
+    if fmt == "html":
+        return to_html(report)
+    return to_text(report)

@@ -1,0 +1,381 @@
+"""Synthetic incidents with a known root cause, one per reference-service scenario.
+
+Independent of the reference service: each scenario is a small statistical model of where requests
+spend their time (milliseconds, lognormal or uniform draws) with one fault injected into its true
+stage. Output comes in three forms:
+
+* :func:`write_otlp` -- OTLP/JSON lines, in **our** span format (SERVER span + one child span per
+  stage with ``stagescope.stage``, the request attributes, optional load-generator CLIENT span) or in
+  **vLLM's** (one ``llm_request`` span with ``gen_ai.latency.*`` attributes; LLM scenarios only);
+* :func:`to_tables` -- the pinned analysis relations directly in a DuckDB connection (tests, benchmarks);
+* :func:`write_metrics` -- Prometheus exposition text with millisecond timestamps.
+
+All data here is synthetic and says so (service name ``synthetic-service``, GPU ``modelName``
+``synthetic``). ``generate(name, n)`` is deterministic for a given ``seed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from stagescope import names as N
+
+__all__ = ["SCENARIOS", "Scenario", "SynthData", "generate", "to_tables", "write_metrics", "write_otlp"]
+
+PREDICT = "/v1/predict"
+GENERATE = "/v1/generate"
+SERVICE = "synthetic-service"
+MAX_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Ground truth of one synthetic scenario (names and truths follow the reference service's table)."""
+
+    name: str
+    route: str
+    slo: str
+    stage: str | None
+    lever: str | None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("healthy", PREDICT, "p99<300ms", None, None),
+        Scenario("slow-feature-store", PREDICT, "p99<300ms", N.STAGE_FEATURE_FETCH, N.LEVER_CACHE_FEATURES),
+        Scenario("saturated", PREDICT, "p99<300ms", N.STAGE_QUEUE, N.LEVER_SCALE_OUT),
+        Scenario("long-batch-wait", PREDICT, "p99<300ms", N.STAGE_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT),
+        Scenario("slow-compute", PREDICT, "p99<300ms", N.STAGE_COMPUTE, N.LEVER_QUANTIZE),
+        Scenario("cpu-bound-preprocess", PREDICT, "p99<300ms", N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING),
+        Scenario("cold-start", PREDICT, "p99<300ms", N.STAGE_COLD_START, N.LEVER_PREWARM),
+        Scenario("large-payload", PREDICT, "p99<300ms", N.STAGE_EGRESS, N.LEVER_SHRINK_RESPONSE),
+        Scenario("repeated-inputs", PREDICT, "p99<300ms", N.STAGE_COMPUTE, N.LEVER_CACHE_RESULTS),
+        Scenario("llm-long-prompts", GENERATE, "ttft:p95<500ms", N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL),
+        Scenario("llm-decode-heavy", GENERATE, "itl:p99<60ms", N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS),
+    )
+}
+
+_PREDICT_ORDER = (
+    N.STAGE_FEATURE_FETCH, N.STAGE_PREPROCESS, N.STAGE_COLD_START, N.STAGE_BATCH_WAIT, N.STAGE_QUEUE,
+    N.STAGE_COMPUTE, N.STAGE_POSTPROCESS, N.STAGE_EGRESS,
+)  # fmt: skip
+
+
+@dataclass
+class SynthData:
+    """One synthetic incident: per-request columns, stage intervals, token gaps, metric samples."""
+
+    scenario: Scenario
+    requests: dict[str, np.ndarray]
+    stages: dict[str, np.ndarray]
+    gaps: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: list[tuple[str, dict[str, str], float, int]] = field(default_factory=list)
+
+
+def _ln(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
+    return median * np.exp(rng.normal(0.0, sigma, n))
+
+
+def _ids(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    hi = rng.integers(1, 2**63, n, dtype=np.int64)
+    lo = rng.integers(1, 2**63, n, dtype=np.int64)
+    trace = np.array([f"{a:016x}{b:016x}" for a, b in zip(hi, lo, strict=True)])
+    return trace, np.array([t[:16] for t in trace])
+
+
+def _predict(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> SynthData:
+    t = np.sort(rng.uniform(0, dur_s, n))
+    d = {
+        N.STAGE_FEATURE_FETCH: _ln(rng, 4, 0.3, n),
+        N.STAGE_PREPROCESS: _ln(rng, 3, 0.3, n),
+        N.STAGE_COLD_START: np.zeros(n),
+        N.STAGE_BATCH_WAIT: rng.uniform(0, 5, n),
+        N.STAGE_QUEUE: rng.exponential(2, n),
+        N.STAGE_COMPUTE: _ln(rng, 20, 0.15, n),
+        N.STAGE_POSTPROCESS: _ln(rng, 1, 0.2, n),
+        N.STAGE_EGRESS: _ln(rng, 1, 0.2, n),
+    }
+    batch = rng.integers(8, 17, n).astype(float)
+    qdepth = rng.poisson(3, n).astype(float)
+    util_level = np.full(n, 60.0)
+    hashes = np.array([f"h{i:08x}" for i in rng.integers(0, 2**31, n)])
+    cold = np.zeros(n, dtype=bool)
+    hit = rng.random(n)
+    name = sc.name
+    if name == "slow-feature-store":
+        m = hit < 0.08
+        d[N.STAGE_FEATURE_FETCH][m] += _ln(rng, 350, 0.3, int(m.sum()))
+    elif name == "saturated":  # two overload bursts: a backlog builds and drains (queue time ~ backlog)
+        phase = (t % (dur_s / 2)) / (dur_s / 2)
+        backlog = np.clip(np.sin(np.pi * phase), 0, None) ** 4 * 900
+        d[N.STAGE_QUEUE] += backlog * rng.uniform(0.8, 1.0, n)
+        qdepth = backlog / 20 * MAX_BATCH / 4 + rng.poisson(3, n)
+        batch[:] = MAX_BATCH
+        util_level[:] = 97.0
+    elif name == "long-batch-wait":
+        d[N.STAGE_BATCH_WAIT] = rng.uniform(0, 420, n)
+        batch = rng.integers(1, 3, n).astype(float)
+        util_level[:] = 12.0
+    elif name in ("slow-compute", "repeated-inputs"):
+        m = hit < 0.08
+        d[N.STAGE_COMPUTE][m] = _ln(rng, 380, 0.25, int(m.sum()))
+        util_level[:] = 92.0
+        if name == "repeated-inputs":
+            hot = np.array([f"hot{i:04d}" for i in range(12)])
+            hashes[m] = hot[rng.integers(0, len(hot), int(m.sum()))]
+    elif name == "cpu-bound-preprocess":
+        m = hit < 0.08
+        d[N.STAGE_PREPROCESS][m] += _ln(rng, 360, 0.25, int(m.sum()))
+        util_level[:] = 18.0
+    elif name == "cold-start":
+        m = t < dur_s * 0.04
+        d[N.STAGE_COLD_START][m] = (dur_s * 0.04 - t[m]) * 1000 * 0.5 + 400
+        cold = m
+    elif name == "large-payload":
+        m = hit < 0.07
+        d[N.STAGE_EGRESS][m] += _ln(rng, 420, 0.2, int(m.sum()))
+    # lay the stages out in order; two parallel feature-store reads (the request waits for the slower)
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    stage_names: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    idx = np.arange(n)
+    start_ns = t0 + (t * 1e9).astype(np.int64)
+    off = np.zeros(n)
+    for st in _PREDICT_ORDER:
+        dur = d[st]
+        keep = dur > 0
+        if st == N.STAGE_FEATURE_FETCH:
+            other = dur * rng.uniform(0.3, 1.0, n)
+            starts.append(start_ns + (off * 1e6).astype(np.int64))
+            ends.append(start_ns + ((off + other) * 1e6).astype(np.int64))
+            stage_names.append(np.full(n, st))
+            owners.append(idx)
+        s = start_ns[keep] + (off[keep] * 1e6).astype(np.int64)
+        starts.append(s)
+        ends.append(s + (dur[keep] * 1e6).astype(np.int64))
+        stage_names.append(np.full(int(keep.sum()), st))
+        owners.append(idx[keep])
+        off = off + dur
+    duration = off + 0.3  # a little time outside any stage (routing, middleware)
+    trace, span = _ids(rng, n)
+    o = np.concatenate(owners)
+    req = {
+        "trace_id": trace, "span_id": span, "route": np.full(n, PREDICT), "model": np.full(n, "resnet"),
+        "status_code": np.full(n, 200), "start_unix_ns": start_ns, "duration_ms": duration,
+        "batch_size": batch, "queue_depth": qdepth, "input_hash": hashes, "cold_start": cold,
+        "client_duration_ms": duration + _ln(rng, 1.5, 0.2, n),
+    }  # fmt: skip
+    stages = {"trace_id": trace[o], "stage": np.concatenate(stage_names),
+              "start_unix_ns": np.concatenate(starts), "end_unix_ns": np.concatenate(ends)}  # fmt: skip
+    data = SynthData(sc, req, stages)
+    _util_metrics(data, start_ns, util_level, qdepth, t0, dur_s)
+    return data
+
+
+def _util_metrics(data: SynthData, start_ns: np.ndarray, util: np.ndarray, qd: np.ndarray, t0: int, dur_s: float) -> None:
+    for sec in range(int(dur_s)):
+        lo, hi = np.searchsorted(start_ns, [t0 + sec * 10**9, t0 + (sec + 1) * 10**9])
+        ts = (t0 // 10**6) + sec * 1000
+        if hi > lo:
+            labels = {"gpu": "0", "modelName": "synthetic"}
+            data.metrics.append((N.DCGM_GPU_UTIL, labels, float(util[lo:hi].mean()), ts))
+            data.metrics.append((N.METRIC_QUEUE_DEPTH, {"model": "resnet"}, float(qd[lo:hi].mean()), ts))
+
+
+def _generate_llm(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> SynthData:
+    t = np.sort(rng.uniform(0, dur_s, n))
+    prompt = np.clip(_ln(rng, 500, 0.5, n), 16, 4000).astype(int)
+    out = np.clip(_ln(rng, 40, 0.4, n), 4, 160).astype(int)
+    if sc.name == "llm-long-prompts":
+        m = rng.random(n) < 0.10
+        prompt[m] = rng.integers(5000, 9000, int(m.sum()))
+    running = np.full(n, 8.0) + rng.integers(-2, 3, n)
+    if sc.name == "llm-decode-heavy":  # busy periods: the running decode batch grows to ~96 streams
+        busy = ((t / dur_s * 5) % 1.0) < 0.4
+        running[busy] = rng.integers(88, 104, int(busy.sum()))
+    queue = rng.exponential(5, n)
+    prefill = 15 + 0.12 * prompt * np.exp(rng.normal(0, 0.05, n))
+    start_ns = t0 + (t * 1e9).astype(np.int64)
+    gap_owner, gap_ms = [], []
+    decode = np.zeros(n)
+    itl = np.zeros((n, 3))
+    for i in range(n):
+        g = (8 + 0.7 * running[i]) * np.exp(rng.normal(0, 0.08, out[i] - 1))
+        gap_owner.append(np.full(len(g), i))
+        gap_ms.append(g)
+        decode[i] = g.sum()
+        itl[i] = (g.mean(), np.quantile(g, 0.99), g.max())
+    ttft = queue + prefill
+    e2e = ttft + decode + 0.5
+    trace, span = _ids(rng, n)
+    req = {
+        "trace_id": trace, "span_id": span, "route": np.full(n, GENERATE), "model": np.full(n, "llama"),
+        "status_code": np.full(n, 200), "start_unix_ns": start_ns, "duration_ms": e2e, "ttft_ms": ttft,
+        "itl_mean_ms": itl[:, 0], "itl_p99_ms": itl[:, 1], "itl_max_ms": itl[:, 2], "input_tokens": prompt,
+        "output_tokens": out, "batch_size": running, "queue_depth": rng.poisson(2, n).astype(float),
+        "input_hash": np.array([f"p{i:08x}" for i in rng.integers(0, 2**31, n)]), "cold_start": np.zeros(n, bool),
+    }  # fmt: skip
+    bounds = np.cumsum(np.stack([queue, prefill, decode], axis=1), axis=1)
+    bounds = np.concatenate([np.zeros((n, 1)), bounds], axis=1)
+    st = [N.STAGE_QUEUE, N.STAGE_PREFILL, N.STAGE_DECODE]
+    stages = {
+        "trace_id": np.repeat(trace, 3), "stage": np.tile(np.array(st), n),
+        "start_unix_ns": (np.repeat(start_ns, 3) + (bounds[:, :3].ravel() * 1e6)).astype(np.int64),
+        "end_unix_ns": (np.repeat(start_ns, 3) + (bounds[:, 1:].ravel() * 1e6)).astype(np.int64),
+    }  # fmt: skip
+    owner = np.concatenate(gap_owner)
+    data = SynthData(sc, req, stages, {"trace_id": trace[owner], "gap_ms": np.concatenate(gap_ms)})
+    for sec in range(int(dur_s)):
+        lo, hi = np.searchsorted(start_ns, [t0 + sec * 10**9, t0 + (sec + 1) * 10**9])
+        if hi > lo:
+            ts = t0 // 10**6 + sec * 1000
+            data.metrics.append((N.VLLM_NUM_RUNNING, {N.VLLM_LABEL_MODEL: "llama"}, float(running[lo:hi].mean()), ts))
+            data.metrics.append((N.DCGM_GPU_UTIL, {"gpu": "0", "modelName": "synthetic"}, 85.0, ts))
+    return data
+
+
+def generate(name: str, n: int = 2000, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9) -> SynthData:
+    """Synthesize ``n`` requests of scenario ``name`` over ``duration_s`` seconds."""
+    sc = SCENARIOS[name]
+    rng = np.random.default_rng(seed)
+    if sc.route == GENERATE:
+        return _generate_llm(sc, rng, n, t0_ns, duration_s)
+    return _predict(sc, rng, n, t0_ns, duration_s)
+
+
+_REQ_COLS: dict[str, str] = {
+    "trace_id": "VARCHAR", "span_id": "VARCHAR", "service": "VARCHAR", "name": "VARCHAR", "route": "VARCHAR",
+    "model": "VARCHAR", "status_code": "INTEGER", "is_error": "BOOLEAN", "start_unix_ns": "BIGINT",
+    "duration_ms": "DOUBLE", "ttft_ms": "DOUBLE", "itl_mean_ms": "DOUBLE", "itl_p99_ms": "DOUBLE",
+    "itl_max_ms": "DOUBLE", "input_tokens": "BIGINT", "output_tokens": "BIGINT", "batch_size": "BIGINT",
+    "queue_depth": "BIGINT", "input_hash": "VARCHAR", "cold_start": "BOOLEAN", "client_duration_ms": "DOUBLE",
+    "source": "VARCHAR",
+}  # fmt: skip
+
+
+def to_tables(con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = "stagescope") -> None:
+    """Create the pinned relations (``requests``, ``stages``, ``token_gaps``, ``metric_samples``,
+    ``client_results``) from ``data``, replacing existing ones."""
+    r = dict(data.requests)
+    n = len(r["trace_id"])
+    r.setdefault("service", np.full(n, SERVICE))
+    r.setdefault("name", np.array([f"POST {x}" for x in r["route"]]))
+    r["is_error"] = np.asarray(r["status_code"]) >= 500
+    r["source"] = np.full(n, source)
+    sel = ", ".join(
+        f"CAST({c if c in r else 'NULL'} AS {typ}) AS {c}" for c, typ in _REQ_COLS.items()
+    )
+    req_tbl = pa.table({c: v for c, v in r.items()})  # noqa: F841 - read by DuckDB below
+    con.execute(f"CREATE OR REPLACE TABLE requests AS SELECT {sel} FROM req_tbl")
+    st_tbl = pa.table(data.stages)  # noqa: F841
+    con.execute(
+        "CREATE OR REPLACE TABLE stages AS SELECT CAST(trace_id AS VARCHAR) trace_id, CAST(stage AS VARCHAR) stage, "
+        "CAST(start_unix_ns AS BIGINT) start_unix_ns, CAST(end_unix_ns AS BIGINT) end_unix_ns, "
+        "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms FROM st_tbl"
+    )
+    gaps = data.gaps or {"trace_id": np.array([], dtype=str), "gap_ms": np.array([], dtype=float)}
+    gap_tbl = pa.table({"trace_id": pa.array(gaps["trace_id"], pa.string()), "gap_ms": pa.array(gaps["gap_ms"], pa.float64())})  # noqa: F841
+    con.execute("CREATE OR REPLACE TABLE token_gaps AS SELECT trace_id, CAST(gap_ms AS DOUBLE) gap_ms FROM gap_tbl")
+    m_tbl = pa.table(  # noqa: F841
+        {
+            "metric": pa.array([m[0] for m in data.metrics], pa.string()),
+            "k": pa.array([list(m[1].keys()) for m in data.metrics], pa.list_(pa.string())),
+            "v": pa.array([list(m[1].values()) for m in data.metrics], pa.list_(pa.string())),
+            "value": pa.array([m[2] for m in data.metrics], pa.float64()),
+            "ts_ms": pa.array([m[3] for m in data.metrics], pa.int64()),
+        }
+    )
+    con.execute(
+        "CREATE OR REPLACE TABLE metric_samples AS SELECT metric, CAST(map(k, v) AS MAP(VARCHAR, VARCHAR)) AS labels, "
+        "value, ts_ms, 'synthetic' AS source FROM m_tbl"
+    )
+    con.execute("CREATE OR REPLACE TABLE client_results AS SELECT * FROM (SELECT NULL::VARCHAR AS trace_id) WHERE false")
+
+
+def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope") -> int:
+    """Write the scenario as OTLP/JSON lines; ``flavor`` ``"vllm"`` writes ``llm_request`` spans
+    (LLM scenarios only). Returns the number of spans written."""
+    from stagescope.analysis.synth import KIND_SERVER, SynthSpan, request_spans, write_otlp_lines
+
+    r = data.requests
+    n = len(r["trace_id"])
+    if flavor == "vllm":
+        if data.scenario.route != GENERATE:
+            raise ValueError(f"scenario {data.scenario.name!r} has no vLLM form (not an LLM route)")
+        by = _stages_by_trace(data)
+        spans = []
+        for i in range(n):
+            tid = str(r["trace_id"][i])
+            st = by[tid]
+            q, p, dcd = (st[s][1] - st[s][0] for s in (N.STAGE_QUEUE, N.STAGE_PREFILL, N.STAGE_DECODE))
+            s0 = int(r["start_unix_ns"][i])
+            attrs: dict[str, Any] = {
+                N.VLLM_ATTR_QUEUE: q / 1e9, N.VLLM_ATTR_TTFT: float(r["ttft_ms"][i]) / 1e3,
+                N.VLLM_ATTR_E2E: float(r["duration_ms"][i]) / 1e3, N.VLLM_ATTR_PREFILL: p / 1e9,
+                N.VLLM_ATTR_DECODE: dcd / 1e9, N.VLLM_ATTR_INFERENCE: (p + dcd) / 1e9,
+                N.VLLM_ATTR_PROMPT_TOKENS: int(r["input_tokens"][i]),
+                N.VLLM_ATTR_COMPLETION_TOKENS: int(r["output_tokens"][i]), N.GENAI_REQUEST_MODEL: "llama",
+            }  # fmt: skip
+            end = s0 + int(float(r["duration_ms"][i]) * 1e6)
+            spans.append(SynthSpan(tid, str(r["span_id"][i]), N.VLLM_SPAN_NAME, s0, end, kind=KIND_SERVER,
+                                   attributes=attrs, service="synthetic-vllm"))  # fmt: skip
+        return write_otlp_lines(path, spans)
+    by = _stages_by_trace(data, keep_all=True)
+    gaps_by: dict[str, list[float]] = {}
+    for tid, g in zip(data.gaps.get("trace_id", []), data.gaps.get("gap_ms", []), strict=True):
+        gaps_by.setdefault(str(tid), []).append(float(g) / 1e3)
+
+    def spans_iter() -> Any:
+        for i in range(n):
+            tid = str(r["trace_id"][i])
+            s0 = int(r["start_unix_ns"][i])
+            stage_list = [(s, (a - s0) / 1e6, (b - a) / 1e6) for s, a, b in by[tid]]
+            attrs: dict[str, Any] = {
+                N.ATTR_MODEL: str(r["model"][i]), N.ATTR_BATCH_SIZE: int(r["batch_size"][i]),
+                N.ATTR_QUEUE_DEPTH: int(r["queue_depth"][i]), N.ATTR_INPUT_HASH: str(r["input_hash"][i]),
+                N.ATTR_COLD_START: bool(r["cold_start"][i]),
+            }  # fmt: skip
+            if "ttft_ms" in r:
+                attrs.update({
+                    N.VLLM_ATTR_TTFT: float(r["ttft_ms"][i]) / 1e3, N.VLLM_ATTR_E2E: float(r["duration_ms"][i]) / 1e3,
+                    N.ATTR_ITL_MEAN: float(r["itl_mean_ms"][i]) / 1e3, N.ATTR_ITL_P99: float(r["itl_p99_ms"][i]) / 1e3,
+                    N.ATTR_ITL_MAX: float(r["itl_max_ms"][i]) / 1e3, N.ATTR_TOKEN_GAPS: gaps_by.get(tid, []),
+                    N.GENAI_USAGE_INPUT_TOKENS: int(r["input_tokens"][i]),
+                    N.GENAI_USAGE_OUTPUT_TOKENS: int(r["output_tokens"][i]),
+                })  # fmt: skip
+            client = r.get("client_duration_ms")
+            yield from request_spans(
+                tid, s0, stage_list, duration_ms=float(r["duration_ms"][i]), name=f"POST {r['route'][i]}",
+                route=str(r["route"][i]), attributes=attrs, service=SERVICE,
+                client_ms=None if client is None else float(client[i]),
+            )  # fmt: skip
+
+    return write_otlp_lines(path, spans_iter())
+
+
+def _stages_by_trace(data: SynthData, keep_all: bool = False) -> Any:
+    s = data.stages
+    out: dict[str, Any] = {}
+    for tid, st, a, b in zip(s["trace_id"], s["stage"], s["start_unix_ns"], s["end_unix_ns"], strict=True):
+        if keep_all:
+            out.setdefault(str(tid), []).append((str(st), int(a), int(b)))
+        else:
+            out.setdefault(str(tid), {})[str(st)] = (int(a), int(b))
+    return out
+
+
+def write_metrics(data: SynthData, path: str | Path) -> None:
+    """Prometheus exposition text of the scenario's metric samples (timestamps in ms)."""
+    lines = []
+    for metric, labels, value, ts in data.metrics:
+        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{metric}{{{lab}}} {value} {ts}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
