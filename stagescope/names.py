@@ -132,6 +132,41 @@ DCGM_POWER_USAGE: Final = "DCGM_FI_DEV_POWER_USAGE"
 DCGM_SM_CLOCK: Final = "DCGM_FI_DEV_SM_CLOCK"
 DCGM_GPU_TEMP: Final = "DCGM_FI_DEV_GPU_TEMP"
 DCGM_XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+DCGM_MEM_CLOCK: Final = "DCGM_FI_DEV_MEM_CLOCK"
+DCGM_MEMORY_TEMP: Final = "DCGM_FI_DEV_MEMORY_TEMP"
+DCGM_TOTAL_ENERGY: Final = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+DCGM_PCIE_REPLAY: Final = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+DCGM_ENC_UTIL: Final = "DCGM_FI_DEV_ENC_UTIL"
+DCGM_DEC_UTIL: Final = "DCGM_FI_DEV_DEC_UTIL"
+DCGM_FB_RESERVED: Final = "DCGM_FI_DEV_FB_RESERVED"
+DCGM_NVLINK_BANDWIDTH_TOTAL: Final = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+DCGM_UNCORRECTABLE_REMAPPED_ROWS: Final = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+DCGM_CORRECTABLE_REMAPPED_ROWS: Final = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+DCGM_ROW_REMAP_FAILURE: Final = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+DCGM_PCIE_TX_BYTES: Final = "DCGM_FI_PROF_PCIE_TX_BYTES"  # gauge, bytes/s in default-counters.csv
+DCGM_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
+DCGM_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # gauge, NVML bitmask
+DCGM_ECC_SBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+DCGM_ECC_DBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+DCGM_ECC_SBE_AGG_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"
+DCGM_ECC_DBE_AGG_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
+# dcgm-exporter "label" fields: added as labels to every GPU metric when listed in the counters CSV.
+DCGM_LABEL_DRIVER_VERSION: Final = "DCGM_FI_DRIVER_VERSION"
+DCGM_LABEL_NVML_VERSION: Final = "DCGM_FI_NVML_VERSION"
+DCGM_LABEL_SERIAL: Final = "DCGM_FI_DEV_SERIAL"
+DCGM_LABEL_VBIOS_VERSION: Final = "DCGM_FI_DEV_VBIOS_VERSION"
+# stagescope's sub-second view of GPU utilization: NVML samples (or polls at --interval) kept for a
+# window (set it to the scrape interval), published as max and mean so a 15 s scrape shows a 1 s peak.
+METRIC_GPU_UTIL_WINDOW_MAX: Final = "stagescope_gpu_utilization_window_max_percent"  # gauge: dcgm + engine
+METRIC_GPU_UTIL_WINDOW_MEAN: Final = "stagescope_gpu_utilization_window_mean_percent"  # gauge: dcgm + engine
+METRIC_GPU_UTIL_WINDOW_SAMPLES: Final = "stagescope_gpu_utilization_window_samples"  # gauge: samples in window
+METRIC_GPU_WINDOW_SECONDS: Final = "stagescope_gpu_utilization_window_seconds"  # gauge: window length (s)
+# Per-process GPU use (pid), so a service can be matched to its GPU.
+METRIC_GPU_PROCESS_MEMORY: Final = "stagescope_gpu_process_memory_used_bytes"  # gauge: gpu, UUID, pid
+METRIC_GPU_PROCESS_UTIL: Final = "stagescope_gpu_process_utilization_percent"  # gauge: gpu, UUID, pid, engine
+METRIC_GPU_SCRAPE_ERRORS: Final = "stagescope_gpu_nvml_errors_total"  # counter: gpu; NVML calls that failed
+LABEL_ENGINE: Final = "engine"  # "gpu" / "memory_copy" (device), "sm" / "memory_copy" (process)
+LABEL_PID: Final = "pid"
 DCGM_BLANK_SENTINEL: Final = 9223372036854775794
 DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 SIMULATED_ACCELERATOR_MODEL_NAME: Final = "simulated-accelerator"

@@ -1,0 +1,99 @@
+"""``stagescope gpu-exporter``: serve GPU metrics under dcgm-exporter's names, sampled sub-second."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "gpu-exporter",
+        help="serve NVML GPU metrics with dcgm-exporter's names, sampled every --interval seconds",
+        description=(
+            "A Prometheus endpoint for every GPU NVML reports: the fields of dcgm-exporter's counters CSV "
+            "that NVML can provide (same names, types, units and labels), per-process GPU memory and "
+            "utilization, and the max and mean utilization over the last --window seconds sampled every "
+            "--interval seconds. Without a GPU or driver it keeps serving stagescope_gpu_exporter_up 0."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=9400, help="port to listen on (default 9400, as dcgm-exporter)"
+    )
+    p.add_argument(
+        "--interval", type=float, default=0.1, help="utilization sampling period in seconds (default 0.1)"
+    )
+    p.add_argument(
+        "--window",
+        type=float,
+        default=15.0,
+        help="seconds of samples behind the max/mean gauges; set it to the scrape interval (default 15)",
+    )
+    p.add_argument(
+        "--collectors",
+        default=None,
+        metavar="CSV",
+        help="dcgm-exporter counters CSV to publish (default: stagescope's, dcgm-exporter's default list plus NVML extras)",
+    )
+    p.add_argument(
+        "--hostname", default=None, help="Hostname label (default: $NODE_NAME, else this machine's name)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import threading
+
+    from stagescope.errors import UserError
+    from stagescope.instrumentation.gpu.collector import GpuCollector
+    from stagescope.instrumentation.gpu.exposition import serve
+    from stagescope.instrumentation.gpu.fields import (
+        LABEL_READERS,
+        NOT_PROVIDED,
+        READERS,
+        SAMPLER_FIELDS,
+        load_counters_csv,
+    )
+
+    if args.interval <= 0 or args.window <= 0:
+        raise UserError(f"--interval and --window must be > 0 seconds, got {args.interval} and {args.window}")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be 1..65535, got {args.port}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("stagescope.gpu-exporter")
+    counters = load_counters_csv(args.collectors)
+    collector = GpuCollector(
+        counters=counters, hostname=args.hostname, interval_s=args.interval, window_s=args.window
+    )
+    skipped = [
+        c.name
+        for c in counters
+        if c.name not in READERS and c.name not in LABEL_READERS and c.name not in SAMPLER_FIELDS
+    ]
+    if skipped and collector.available:
+        log.info(
+            "not provided by NVML, omitted: %s",
+            ", ".join(f"{n} ({NOT_PROVIDED.get(n, 'no NVML reader')})" for n in skipped),
+        )
+    try:
+        server = serve(collector, args.host, args.port)
+    except OSError as exc:
+        collector.close()
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    log.info(
+        "serving http://%s:%d/metrics (%d GPUs, NVML %s)",
+        args.host,
+        server.server_port,
+        len(collector.gpus),
+        "ok" if collector.available else "unavailable",
+    )
+    try:
+        threading.Event().wait()
+    finally:
+        server.shutdown()
+        collector.close()
+    return 0
