@@ -95,7 +95,8 @@ async def check_url(url: str, timeout_s: float = 3.0) -> None:
     except TimeoutError:
         raise UserError(f"{url}: no answer to a connection attempt within {timeout_s:g} s") from None
     except OSError as exc:
-        raise UserError(f"{url}: cannot connect: {exc.strerror or exc}") from None
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UserError(f"{url}: cannot connect: {reason}") from None
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
