@@ -1,0 +1,137 @@
+"""Breach detection, critical-path attribution and counterfactuals on hand-built analysis tables."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+
+from stagescope.analysis import attribution as A
+from stagescope.analysis import breach as B
+from stagescope.analysis.api import analyze
+from stagescope.analysis.synth_scenarios import Scenario, SynthData, to_tables
+from stagescope.slo import parse_slo
+
+T0 = 1_764_460_800 * 10**9
+MS = 1_000_000
+
+
+def _con(reqs: list[dict], stages: list[tuple[str, str, float, float]], gaps=None) -> duckdb.DuckDBPyConnection:  # type: ignore[no-untyped-def]
+    """``reqs``: trace_id, start_ms, duration_ms (+ optional columns); ``stages``: (trace, stage, a_ms, b_ms)."""
+    cols = {k: np.array([r.get(k) for r in reqs]) for k in reqs[0]}
+    cols["start_unix_ns"] = np.array([T0 + int(r["start_ms"] * MS) for r in reqs], dtype=np.int64)
+    del cols["start_ms"]
+    cols.setdefault("route", np.array(["/v1/predict"] * len(reqs)))
+    cols.setdefault("status_code", np.array([200] * len(reqs)))
+    start = {r["trace_id"]: T0 + int(r["start_ms"] * MS) for r in reqs}
+    st = {
+        "trace_id": np.array([s[0] for s in stages]),
+        "stage": np.array([s[1] for s in stages]),
+        "start_unix_ns": np.array([start[s[0]] + int(s[2] * MS) for s in stages], dtype=np.int64),
+        "end_unix_ns": np.array([start[s[0]] + int(s[3] * MS) for s in stages], dtype=np.int64),
+    }
+    con = duckdb.connect()
+    to_tables(con, SynthData(Scenario("t", "/v1/predict", "p99<300ms", None, None), cols, st, gaps or {}))
+    return con
+
+
+def _breakdown(con: duckdb.DuckDBPyConnection, spec: str = "p99<300ms") -> dict[str, dict[str, float]]:
+    view = B.sli_view(con, parse_slo(spec)[0])
+    cols = A.build_breakdown(con, view)
+    names = {c: s for s, c in cols.items()}
+    rel = con.sql(f"SELECT * FROM {A.BREAKDOWN}")
+    out = {}
+    for row in rel.fetchall():
+        d = dict(zip(rel.columns, row, strict=True))
+        out[d["trace_id"]] = {names.get(k, k): v for k, v in d.items() if k in names or k in ("unattributed", "network")}
+    return out
+
+
+def test_critical_path_handles_parallel_and_overlapping_stages() -> None:
+    con = _con(
+        [
+            {"trace_id": "a", "start_ms": 0, "duration_ms": 100.0, "client_duration_ms": 104.0},
+            {"trace_id": "b", "start_ms": 10, "duration_ms": 100.0, "client_duration_ms": None},
+            {"trace_id": "c", "start_ms": 20, "duration_ms": 50.0, "client_duration_ms": None},
+        ],
+        [
+            # a: two parallel feature reads (10-40 and 10-60) then compute 60-90: fetch counts 50, not 80
+            ("a", "feature_fetch", 10, 40), ("a", "feature_fetch", 10, 60), ("a", "compute", 60, 90),
+            # b: queue 0-50 overlaps compute 40-100; the segment 40-50 goes to the stage ending last (compute)
+            ("b", "queue", 0, 50), ("b", "compute", 40, 100),
+            # c: disjoint stages (fast path), a stage span running past the server span is clipped
+            ("c", "preprocess", 0, 10), ("c", "egress", 40, 70),
+        ],
+    )  # fmt: skip
+    bd = _breakdown(con)
+    assert bd["a"]["feature_fetch"] == pytest.approx(50)
+    assert bd["a"]["compute"] == pytest.approx(30)
+    assert bd["a"]["unattributed"] == pytest.approx(20)
+    assert bd["a"]["network"] == pytest.approx(4)
+    assert bd["b"]["queue"] == pytest.approx(40) and bd["b"]["compute"] == pytest.approx(60)
+    assert bd["b"]["unattributed"] == pytest.approx(0)
+    assert bd["c"]["preprocess"] == pytest.approx(10) and bd["c"]["egress"] == pytest.approx(10)
+    for t, row in bd.items():  # stages never sum above the request
+        total = sum(v or 0 for k, v in row.items() if k != "network")
+        assert total == pytest.approx({"a": 100, "b": 100, "c": 50}[t])
+
+
+def test_ttft_attributes_only_time_before_the_first_token() -> None:
+    con = _con(
+        [{"trace_id": "x", "start_ms": 0, "duration_ms": 500.0, "ttft_ms": 120.0, "route": "/v1/generate"}],
+        [("x", "queue", 0, 20), ("x", "prefill", 20, 120), ("x", "decode", 120, 500)],
+    )
+    bd = _breakdown(con, "ttft:p95<500ms")
+    assert bd["x"]["queue"] == pytest.approx(20) and bd["x"]["prefill"] == pytest.approx(100)
+    assert not bd["x"]["decode"]
+
+
+def _minutes(con: duckdb.DuckDBPyConnection) -> list[dict]:  # type: ignore[type-arg]
+    view = B.sli_view(con, parse_slo("p99<300ms")[0])
+    return B.windows(con, view, "1m")
+
+
+def test_breach_detected_in_the_bad_minute_only_and_attributed() -> None:
+    reqs, stages = [], []
+    rng = np.random.default_rng(1)
+    for i in range(600):  # three minutes; minute 1 has a slow feature store for 20% of requests
+        t = i * 300.0
+        slow = 60_000 <= t < 120_000 and i % 5 == 0
+        fetch = 400.0 if slow else 5.0 + rng.random()
+        tid = f"t{i:04d}"
+        reqs.append({"trace_id": tid, "start_ms": t, "duration_ms": fetch + 30.0})
+        stages += [(tid, "feature_fetch", 0, fetch), (tid, "compute", fetch, fetch + 30)]
+    con = _con(reqs, stages)
+    wins = _minutes(con)
+    assert [w["breached"] for w in wins] == [False, True, False]
+    assert wins[1]["over_threshold_share"] == pytest.approx(0.2, abs=0.01)
+    rep = analyze(con, "p99<300ms")
+    assert rep["breached"] and rep["verdict"] == {"stage": "feature_fetch", "lever": "cache-features"}
+    top = rep["attribution"][0]
+    assert top["stage"] == "feature_fetch" and top["share"] > 0.95
+    assert top["excess_ms"] == pytest.approx(400 - 5.5, abs=1.0)
+    lever = rep["levers"][0]
+    assert lever["predicted_p99_ms"] < 300 and "feature_fetch" in lever["rationale"]
+
+
+def test_unattributed_time_means_measure_first() -> None:
+    reqs = [{"trace_id": f"r{i}", "start_ms": i * 10.0, "duration_ms": 500.0 if i % 10 == 0 else 40.0} for i in range(300)]
+    stages = [(r["trace_id"], "compute", 0, 30) for r in reqs]
+    rep = analyze(_con(reqs, stages), "p95<300ms")
+    assert rep["attribution"][0]["stage"] == "unattributed"
+    assert rep["verdict"] == {"stage": "unattributed", "lever": None}
+    assert "Measure first" in rep["levers"][0]["rationale"]
+
+
+def test_slo_file_picks_the_slo_matching_the_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    reqs = [{"trace_id": f"r{i}", "start_ms": i * 10.0, "duration_ms": 20.0 + (i % 50)} for i in range(200)]
+    con = _con(reqs, [(r["trace_id"], "compute", 0, 20) for r in reqs])
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(
+        "slos:\n"
+        "  - {name: gen, service: s, sli: ttft, route: /v1/generate, threshold_ms: 500, objective: 0.95}\n"
+        "  - {name: predict, service: s, sli: e2e, route: /v1/predict, threshold_ms: 50, objective: 0.99}\n"
+    )
+    rep = analyze(con, str(slo))
+    assert rep["slo"]["name"] == "predict" and rep["breached"]
+    assert any("gen" in w for w in rep["warnings"])
