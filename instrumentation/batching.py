@@ -208,6 +208,7 @@ class DynamicBatcher(Generic[T, R]):
         self._idle: asyncio.Event | None = None
         self._stopped = False
         self._batch_s: float | None = None  # moving average of batch execution seconds
+        self._run_starts: list[int] = []  # start times of the running batches
         self.batches_run = 0
 
     # -- settings (changeable at runtime, from the event loop's thread) --------------------------
@@ -347,9 +348,15 @@ class DynamicBatcher(Generic[T, R]):
         self._metrics_now().set_queue_depth(self.model, self._waiting)
 
     def _retry_after_s(self, depth: int) -> float:
+        """Estimated seconds until a slot frees: the batches ahead at the mean batch time (or the
+        oldest running batch's elapsed time, when longer or when no batch has finished yet), spread
+        over the executors, plus one batch wait; at least 0.01 s."""
         batches_ahead = math.ceil((depth + 1) / self._max_batch_size)
-        per_batch = self._batch_s if self._batch_s is not None else self._max_wait_ns / 1e9
-        return batches_ahead * per_batch / self._executors + self._max_wait_ns / 1e9
+        per_batch = self._batch_s or 0.0
+        if self._run_starts:
+            per_batch = max(per_batch, (now_ns() - min(self._run_starts)) / 1e9)
+        wait_s = self._max_wait_ns / 1e9
+        return max(0.01, batches_ahead * per_batch / self._executors + wait_s)
 
     def _withdraw(self, entry: _Entry) -> None:
         """A waiter was cancelled: drop its item if its batch has not closed yet."""
@@ -419,6 +426,7 @@ class DynamicBatcher(Generic[T, R]):
     async def _run(self, batch: list[_Entry]) -> None:
         tickets = [e.ticket for e in batch]
         start = record_batch_start(tickets)
+        self._run_starts.append(start)
         try:
             out = self._run_batch([e.item for e in batch])
             results = await out if inspect.isawaitable(out) else out
@@ -440,6 +448,7 @@ class DynamicBatcher(Generic[T, R]):
                 if not e.future.done():
                     e.future.set_result(r)
         finally:
+            self._run_starts.remove(start)
             self._running -= 1
             self._dispatch()
             self._notify_idle()

@@ -1,0 +1,147 @@
+"""instrument_stream: TTFT and every inter-token gap against a generator with known delays."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stagescope import names
+from stagescope.instrumentation.metrics import StageMetrics
+from stagescope.instrumentation.record import RequestRecord, reset_current_request, set_current_request
+from stagescope.instrumentation.streaming import instrument_stream
+
+DELAYS_MS = [45, 20, 35, 20, 60, 25, 30]
+TOLERANCE_S = 0.002
+
+
+async def _tokens(emitted: list[int], delays_ms: list[int] = DELAYS_MS) -> AsyncIterator[str]:
+    """Sleeps, then timestamps each token right before handing it out (its own clock)."""
+    for i, d in enumerate(delays_ms):
+        await asyncio.sleep(d / 1000)
+        emitted.append(time.perf_counter_ns())
+        yield f"tok{i} "
+
+
+def test_ttft_and_every_gap_match_the_generators_own_timestamps() -> None:
+    reg = CollectorRegistry()
+    metrics = StageMetrics(reg, models=["llm"])
+    emitted: list[int] = []
+
+    async def main() -> tuple[RequestRecord, str]:
+        rec = RequestRecord(route="/v1/generate", model="llm")
+        token = set_current_request(rec)
+        try:
+            stream = instrument_stream(_tokens(emitted))
+        finally:
+            reset_current_request(token)
+        text = "".join([chunk async for chunk in stream])
+        rec.end_ns = time.perf_counter_ns()
+        rec.status_code = 200
+        return rec, text
+
+    rec, text = asyncio.run(main())
+    assert text == "".join(f"tok{i} " for i in range(len(DELAYS_MS)))
+    assert len(rec.token_ns) == len(emitted) == len(DELAYS_MS)
+    assert rec.output_tokens == len(DELAYS_MS)
+    ttft_true = (emitted[0] - rec.start_ns) / 1e9
+    assert rec.ttft_s == pytest.approx(ttft_true, abs=TOLERANCE_S)
+    true_gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(emitted)]
+    assert rec.token_gaps_s() == pytest.approx(true_gaps, abs=TOLERANCE_S)
+    # and the histograms get exactly those values: TTFT once, one sample per gap
+    metrics.request_started()
+    metrics.request_finished(rec, None)
+    lbl = {"model": "llm"}
+    assert reg.get_sample_value(f"{names.METRIC_GENAI_TTFT}_count", lbl) == 1
+    assert reg.get_sample_value(f"{names.METRIC_GENAI_TTFT}_sum", lbl) == pytest.approx(
+        ttft_true, abs=TOLERANCE_S
+    )
+    assert reg.get_sample_value(f"{names.METRIC_INTER_TOKEN}_count", lbl) == len(true_gaps)
+    assert reg.get_sample_value(f"{names.METRIC_INTER_TOKEN}_sum", lbl) == pytest.approx(
+        sum(true_gaps), abs=TOLERANCE_S
+    )
+    tpot = (emitted[-1] - emitted[0]) / 1e9 / (len(emitted) - 1)
+    assert reg.get_sample_value(f"{names.METRIC_GENAI_TPOT}_sum", lbl) == pytest.approx(tpot, abs=TOLERANCE_S)
+    # the 60 ms gap lands above the 0.05 bucket, the 20 ms ones at or below 0.025
+    le = f"{names.METRIC_INTER_TOKEN}_bucket"
+    assert reg.get_sample_value(le, {**lbl, "le": "0.05"}) == sum(g <= 0.05 for g in true_gaps)
+
+
+def test_multi_token_chunks_keep_alives_and_explicit_record() -> None:
+    chunks: list[dict[str, object] | str] = [
+        {"tokens": ["a", "b", "c"]},
+        "",
+        {"tokens": ["d"]},
+        {"tokens": ["e", "f"]},
+    ]
+
+    async def gen() -> AsyncIterator[dict[str, object] | str]:
+        for c in chunks:
+            await asyncio.sleep(0.005)
+            yield c
+
+    def count(chunk: dict[str, object] | str) -> int:
+        return len(chunk["tokens"]) if isinstance(chunk, dict) else 0  # type: ignore[arg-type]
+
+    rec = RequestRecord()
+
+    async def main() -> list[dict[str, object] | str]:
+        return [c async for c in instrument_stream(gen(), record=rec, tokens_per_chunk=count)]
+
+    assert asyncio.run(main()) == chunks  # chunks pass through unchanged
+    assert len(rec.token_ns) == 3  # one hand-off per non-empty chunk, no invented gaps inside a chunk
+    assert rec.output_tokens == 6
+
+
+def test_record_captured_at_call_even_if_iterated_in_another_context() -> None:
+    rec = RequestRecord()
+    emitted: list[int] = []
+
+    async def main() -> None:
+        token = set_current_request(rec)
+        try:
+            stream = instrument_stream(_tokens(emitted, [5, 5, 5]))
+        finally:
+            reset_current_request(token)
+
+        async def consume() -> None:
+            async for _ in stream:
+                pass
+
+        await asyncio.create_task(consume(), context=contextvars.Context())
+
+    asyncio.run(main())
+    assert len(rec.token_ns) == 3 and rec.output_tokens == 3
+
+
+def test_outside_a_request_chunks_pass_through_and_early_close_closes_the_source() -> None:
+    closed: list[bool] = []
+
+    async def gen() -> AsyncIterator[str]:
+        try:
+            for i in range(100):
+                await asyncio.sleep(0)
+                yield str(i)
+        finally:
+            closed.append(True)
+
+    async def main(record: RequestRecord | None) -> list[str]:
+        out = []
+        stream = instrument_stream(gen(), record=record)
+        async for c in stream:
+            out.append(c)
+            if len(out) == 3:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        return out
+
+    assert asyncio.run(main(None)) == ["0", "1", "2"]
+    rec = RequestRecord()
+    assert asyncio.run(main(rec)) == ["0", "1", "2"]
+    assert closed == [True, True]
+    assert len(rec.token_ns) == 3 and rec.output_tokens == 3
