@@ -1,0 +1,231 @@
+"""Ingest: trace, metric and load-generator files (or a live Prometheus) -> DuckDB relations.
+
+``load_dataset`` returns a :class:`Dataset` whose connection holds the pinned relations
+
+* ``requests`` (one row per server-side request), ``stages`` (one row per stage interval),
+  ``token_gaps`` (one row per inter-token gap), see :mod:`~stagescope.analysis.ingest.derive`;
+* ``metric_samples`` (``metric``, ``labels`` MAP, ``value``, ``ts_ms``, ``source``);
+* ``client_results`` (the load generator's ``results.parquet`` rows);
+* ``spans`` (the flat span table everything above is derived from).
+
+Times are Unix nanoseconds (``*_unix_ns``), durations milliseconds (``*_ms``), metric timestamps
+Unix milliseconds (``ts_ms``). Memory stays bounded: DuckDB runs under ``memory_limit`` and spills to
+a temporary directory; with ``workdir`` (or automatically for inputs over ``DISK_THRESHOLD_BYTES``)
+the tables live in a DuckDB file there. :func:`ingest_to_parquet` writes the relations as Parquet
+once, and ``load_dataset(traces=[that_dir])`` reads them back without re-parsing JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from stagescope.analysis.ingest.derive import derive_sql
+from stagescope.analysis.ingest.spans import SPAN_TABLE_DDL
+from stagescope.analysis.ingest.traces import FileSummary, TraceLoader
+from stagescope.errors import UserError
+
+__all__ = [
+    "DISK_THRESHOLD_BYTES",
+    "MANIFEST",
+    "Dataset",
+    "FileSummary",
+    "ingest_to_parquet",
+    "load_dataset",
+]
+
+#: Inputs larger than this go to a DuckDB file on disk even without ``workdir``.
+DISK_THRESHOLD_BYTES = 512 * 1024 * 1024
+#: Name of the manifest :func:`ingest_to_parquet` writes beside the Parquet files.
+MANIFEST = "stagescope-ingest.json"
+_RELATIONS = ("spans", "requests", "stages", "token_gaps", "metric_samples", "client_results")
+
+METRIC_SAMPLES_DDL = (
+    "(metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT, source VARCHAR)"
+)
+
+
+@dataclass
+class Dataset:
+    """The ingested data: ``con`` holds the relations; ``warnings`` and ``files`` say what was read."""
+
+    con: duckdb.DuckDBPyConnection
+    warnings: list[str] = field(default_factory=list)
+    files: list[FileSummary] = field(default_factory=list)
+    workdir: Path | None = None
+    _tempdir: Path | None = None
+
+    def frame(self, relation: str) -> Any:
+        """A relation (or a SELECT) as a polars DataFrame."""
+        sql = (
+            relation
+            if relation.lstrip().lower().startswith(("select", "with"))
+            else f"SELECT * FROM {relation}"
+        )
+        return self.con.sql(sql).pl()
+
+    def close(self) -> None:
+        """Close the connection and remove the temporary directory, if one was made."""
+        self.con.close()
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+
+def _connect(
+    db: Path | None, temp: Path, memory_limit: str, threads: int | None
+) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(str(db) if db else ":memory:")
+    con.execute(f"SET memory_limit = '{memory_limit}'")
+    con.execute(f"SET temp_directory = '{temp / 'duckdb-tmp'}'")
+    con.execute("SET preserve_insertion_order = false")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
+
+
+def _input_bytes(paths: Sequence[str | Path]) -> int:
+    total = 0
+    for p in map(Path, paths):
+        if p.is_dir():
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        elif p.is_file():
+            total += p.stat().st_size
+    return total
+
+
+def _preingested(paths: Sequence[str | Path]) -> list[Path]:
+    return [Path(p) for p in paths if (Path(p) / MANIFEST).is_file()]
+
+
+def load_dataset(
+    traces: Sequence[str | Path] = (),
+    metrics: Sequence[str | Path] = (),
+    results: Sequence[str | Path] = (),
+    prometheus: str | None = None,
+    window: tuple[int, int] | None = None,
+    skip_bad: bool = False,
+    workdir: str | Path | None = None,
+    *,
+    memory_limit: str = "1GB",
+    threads: int | None = None,
+    prometheus_step_s: float | None = None,
+) -> Dataset:
+    """Read traces, metrics and load-generator results into DuckDB relations (see the module doc).
+
+    ``window`` (Unix ns) bounds the live Prometheus range queries. Bad input raises
+    :class:`UserError` naming file and line; with ``skip_bad`` it becomes a warning instead.
+    """
+    pre = _preingested(traces)
+    raw_traces = [p for p in traces if Path(p) not in pre]
+    tempdir = Path(tempfile.mkdtemp(prefix="stagescope-ingest-"))
+    wd = Path(workdir) if workdir is not None else None
+    if wd is not None:
+        wd.mkdir(parents=True, exist_ok=True)
+    db: Path | None = None
+    if wd is not None:
+        db = wd / "stagescope.duckdb"
+        db.unlink(missing_ok=True)
+    elif _input_bytes(raw_traces) > DISK_THRESHOLD_BYTES:
+        db = tempdir / "stagescope.duckdb"
+    con = _connect(db, tempdir, memory_limit, threads)
+    ds = Dataset(con, workdir=wd, _tempdir=tempdir)
+    try:
+        _fill(ds, pre, raw_traces, metrics, results, prometheus, window, skip_bad, tempdir, prometheus_step_s)
+    except BaseException:
+        ds.close()
+        raise
+    return ds
+
+
+def _fill(
+    ds: Dataset,
+    pre: list[Path],
+    raw_traces: Sequence[str | Path],
+    metrics: Sequence[str | Path],
+    results: Sequence[str | Path],
+    prometheus: str | None,
+    window: tuple[int, int] | None,
+    skip_bad: bool,
+    scratch: Path,
+    prometheus_step_s: float | None,
+) -> None:
+    con = ds.con
+    con.execute(f"CREATE TABLE spans {SPAN_TABLE_DDL}")
+    con.execute(f"CREATE TABLE metric_samples {METRIC_SAMPLES_DDL}")
+    loader = TraceLoader(con, scratch, skip_bad=skip_bad)
+    loader.load(raw_traces)
+    ds.warnings.extend(loader.warnings)
+    ds.files.extend(loader.files)
+    if pre and not raw_traces:
+        _view_parquet(ds, pre)
+    else:
+        for stmt in derive_sql("spans"):
+            con.execute(stmt)
+        for d in pre:
+            _attach_parquet(ds, d)
+    if metrics:
+        from stagescope.analysis.ingest.prom import load_metric_files
+
+        load_metric_files(ds, metrics, skip_bad=skip_bad)
+    if prometheus:
+        from stagescope.analysis.ingest.promql import load_prometheus
+
+        load_prometheus(ds, prometheus, window, step_s=prometheus_step_s)
+    from stagescope.analysis.ingest.results import load_results
+
+    load_results(ds, results, skip_bad=skip_bad)
+
+
+def _read_manifest(ds: Dataset, d: Path) -> None:
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+        ds.warnings.extend(manifest.get("warnings", []))
+        ds.files.extend(FileSummary(**f) for f in manifest.get("files", []))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"{d / MANIFEST}: unreadable ingest manifest ({exc})") from None
+
+
+def _view_parquet(ds: Dataset, dirs: list[Path]) -> None:
+    """Relations as views over pre-ingested Parquet (nothing is copied)."""
+    ds.con.execute("DROP TABLE spans")
+    for rel in ("spans", "requests", "stages", "token_gaps"):
+        files = "[" + ", ".join(f"'{d / (rel + '.parquet')}'" for d in dirs) + "]"
+        ds.con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet({files})")
+    for d in dirs:
+        _read_manifest(ds, d)
+
+
+def _attach_parquet(ds: Dataset, d: Path) -> None:
+    """Append a pre-ingested directory's relations (written by :func:`ingest_to_parquet`)."""
+    for rel in ("spans", "requests", "stages", "token_gaps"):
+        f = d / f"{rel}.parquet"
+        if f.is_file():
+            ds.con.execute(f"INSERT INTO {rel} SELECT * FROM read_parquet('{f}')")
+    _read_manifest(ds, d)
+
+
+def ingest_to_parquet(
+    paths: Sequence[str | Path], out_dir: str | Path, *, skip_bad: bool = False, memory_limit: str = "1GB"
+) -> Path:
+    """Ingest trace files once into ``out_dir`` (``requests``/``stages``/``token_gaps``/``spans`` Parquet
+    plus a manifest); ``load_dataset(traces=[out_dir])`` then reads them without parsing JSON."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ds = load_dataset(traces=paths, skip_bad=skip_bad, workdir=out / ".work", memory_limit=memory_limit)
+    try:
+        for rel in ("spans", "requests", "stages", "token_gaps"):
+            ds.con.execute(f"COPY (SELECT * FROM {rel}) TO '{out / (rel + '.parquet')}' (FORMAT parquet)")
+        manifest = {"warnings": ds.warnings, "files": [asdict(f) for f in ds.files]}
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    finally:
+        ds.close()
+        shutil.rmtree(out / ".work", ignore_errors=True)
+    return out

@@ -1,0 +1,157 @@
+"""Diagnosing a bad OTLP/JSON trace file: which line, and what is wrong with it.
+
+The fast SQL path (:mod:`stagescope.analysis.ingest.otlp`) is lenient and line-blind; when it fails
+on a file, or leaves spans without ids or with implausible times, this module reads that one file in
+Python (orjson) to name the first bad line and the reason, and to keep the good lines when the user
+asked to skip bad input.
+
+Plausible span times are Unix nanoseconds between 1973 and 2100; smaller values are reported with a
+guess at their unit (seconds, milliseconds, microseconds).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stagescope.analysis.ingest.files import open_bytes
+
+__all__ = ["MAX_NS", "MIN_NS", "Problem", "diagnose_otlp", "unit_guess"]
+
+MIN_NS = 10**17  # 1973-03-03 in Unix ns
+MAX_NS = 41 * 10**17  # 2099-12-02
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_B64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+
+@dataclass
+class Problem:
+    line: int
+    message: str
+
+
+def unit_guess(v: int) -> str:
+    """What a too-small epoch timestamp probably is."""
+    if v <= 0:
+        return "not a timestamp"
+    if v < 10**11:
+        return "looks like seconds"
+    if v < 10**14:
+        return "looks like milliseconds"
+    return "looks like microseconds"
+
+
+def _int64(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _id_ok(v: Any, n_hex: int) -> bool:
+    if not isinstance(v, str):
+        return False
+    if len(v) == n_hex and _HEX.fullmatch(v):
+        return True
+    return len(v) == ((n_hex // 2 + 2) // 3) * 4 and bool(_B64.fullmatch(v)) and v.endswith("=")
+
+
+def _span_problem(sp: Any) -> str | None:
+    if not isinstance(sp, dict):
+        return f"span is {type(sp).__name__}, not an object"
+    for key, n in (("traceId", 32), ("spanId", 16)):
+        if key not in sp:
+            return f"span without {key}"
+        if not _id_ok(sp[key], n):
+            return f"{key} {sp[key]!r} is not {n} hex digits"
+    parent = sp.get("parentSpanId", "")
+    if parent not in ("", None) and not _id_ok(parent, 16):
+        return f"parentSpanId {parent!r} is not 16 hex digits"
+    times = []
+    for key in ("startTimeUnixNano", "endTimeUnixNano"):
+        if key not in sp:
+            return f"span {sp.get('spanId')} without {key}"
+        t = _int64(sp[key])
+        if t is None:
+            return f"{key} {sp[key]!r} is not an integer of Unix nanoseconds"
+        if not MIN_NS <= t <= MAX_NS:
+            return f"{key} {t} is not a plausible Unix-nanosecond time ({unit_guess(t)})"
+        times.append(t)
+    if times[1] < times[0]:
+        return f"span {sp.get('spanId')} ends before it starts"
+    attrs = sp.get("attributes", [])
+    if not isinstance(attrs, list) or not all(isinstance(a, dict) and "key" in a for a in attrs):
+        return "span attributes are not a list of {key, value} objects"
+    return None
+
+
+def _doc_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict):
+        return f"expected an OTLP ExportTraceServiceRequest object, got {type(doc).__name__}"
+    rs_list = doc.get("resourceSpans")
+    if not isinstance(rs_list, list):
+        return "no resourceSpans list: not OTLP/JSON traces"
+    for rs in rs_list:
+        if not isinstance(rs, dict) or not isinstance(rs.get("scopeSpans", []), list):
+            return "resourceSpans item without a scopeSpans list"
+        for ss in rs.get("scopeSpans", []):
+            spans = ss.get("spans", []) if isinstance(ss, dict) else None
+            if not isinstance(spans, list):
+                return "scopeSpans item without a spans list"
+            for sp in spans:
+                msg = _span_problem(sp)
+                if msg:
+                    return msg
+    return None
+
+
+def diagnose_otlp(path: Path, *, lines: bool, limit: int = 1000) -> tuple[list[Problem], bytes]:
+    """Problems (1-based line numbers, at most ``limit``) and the file's good lines (for skip-bad).
+
+    For a single multi-line document the good part is empty when it has a problem; the line named is
+    the JSON syntax error's line, or the first line holding the offending value.
+    """
+    data = open_bytes(path)
+    problems: list[Problem] = []
+    if not lines:
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            return [Problem(exc.lineno, f"malformed JSON: {exc.msg}")], b""
+        msg = _doc_problem(doc)
+        if msg is None:
+            return [], data
+        return [Problem(_line_of(data, msg), msg)], b""
+    good = bytearray()
+    for no, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            msg = _doc_problem(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            msg = f"malformed JSON ({'truncated line' if 'EOF' in exc.msg or 'end' in exc.msg else exc.msg})"
+        if msg is None:
+            good += raw + b"\n"
+        elif len(problems) < limit:
+            problems.append(Problem(no, msg))
+    return problems, bytes(good)
+
+
+def _line_of(data: bytes, msg: str) -> int:
+    """Line of the first occurrence of the value quoted in ``msg`` (1 if none)."""
+    m = re.search(r"(?:'([^']*)'|(\b\d{2,}\b))", msg)
+    if m:
+        needle = (m.group(1) or m.group(2)).encode()
+        pos = data.find(needle)
+        if pos >= 0:
+            return data.count(b"\n", 0, pos) + 1
+    return 1

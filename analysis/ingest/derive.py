@@ -1,0 +1,122 @@
+"""From the flat ``spans`` table to the pinned analysis relations (SQL only).
+
+* ``requests``: one row per server-side request. A request span is a span that is not a
+  load-generator client span and either has kind SERVER and no parent inside its trace other than a
+  load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
+  Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
+  trace that also holds a server span; their duration is ``client_duration_ms``.
+* ``stages``: every span carrying ``stagescope.stage``; for vLLM ``llm_request`` spans, the intervals
+  queue -> prefill -> decode laid end to end from the span start using ``gen_ai.latency.*``; and a
+  ``network`` row (client minus server duration) where a client span exists and the difference is
+  positive (placed at the client span's start; only its length is meaningful).
+* ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
+
+Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
+(``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
+"""
+
+from __future__ import annotations
+
+from stagescope import names
+from stagescope.analysis.ingest.otlp import sql_str
+from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
+
+__all__ = ["REQUEST_COLUMNS", "derive_sql"]
+
+REQUEST_COLUMNS = {
+    "trace_id": "VARCHAR",
+    "span_id": "VARCHAR",
+    "service": "VARCHAR",
+    "name": "VARCHAR",
+    "route": "VARCHAR",
+    "model": "VARCHAR",
+    "status_code": "INTEGER",
+    "is_error": "BOOLEAN",
+    "start_unix_ns": "BIGINT",
+    "duration_ms": "DOUBLE",
+    "ttft_ms": "DOUBLE",
+    "itl_mean_ms": "DOUBLE",
+    "itl_p99_ms": "DOUBLE",
+    "itl_max_ms": "DOUBLE",
+    "input_tokens": "BIGINT",
+    "output_tokens": "BIGINT",
+    "batch_size": "BIGINT",
+    "queue_depth": "BIGINT",
+    "input_hash": "VARCHAR",
+    "cold_start": "BOOLEAN",
+    "client_duration_ms": "DOUBLE",
+    "source": "VARCHAR",
+}
+
+_VLLM = sql_str(names.VLLM_SPAN_NAME)
+
+
+def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
+    """Statements creating ``requests``, ``stages`` and ``token_gaps`` (``kind``: TABLE or VIEW)."""
+    is_vllm = (
+        f"(s.name = {_VLLM} OR s.queue_s IS NOT NULL OR s.prefill_s IS NOT NULL OR s.decode_s IS NOT NULL)"
+    )
+    return [
+        f"""CREATE OR REPLACE TEMP TABLE _client AS
+SELECT c.trace_id, max((c.end_ns - c.start_ns) / 1e6) AS client_ms, min(c.start_ns) AS client_start,
+       list(c.span_id) AS span_ids
+FROM {spans} c
+WHERE coalesce(c.is_client_attr, false)
+   OR (c.kind = {KIND_CLIENT} AND c.parent_span_id = ''
+       AND EXISTS (SELECT 1 FROM {spans} x WHERE x.trace_id = c.trace_id AND x.kind = {KIND_SERVER}))
+GROUP BY c.trace_id""",
+        f"""CREATE OR REPLACE TEMP TABLE _staged AS
+SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
+        f"""CREATE OR REPLACE {kind} requests AS
+WITH cand AS (
+  SELECT s.*, c.client_ms, c.client_start, c.span_ids FROM {spans} s LEFT JOIN _client c USING (trace_id)
+  WHERE s.stage IS NULL
+    AND NOT (c.span_ids IS NOT NULL AND list_contains(c.span_ids, s.span_id))
+    AND ((s.kind = {KIND_SERVER} AND (s.parent_span_id = '' OR list_contains(coalesce(c.span_ids, []), s.parent_span_id)
+            OR NOT EXISTS (SELECT 1 FROM {spans} p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)))
+         OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
+)
+SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS route, s.model,
+  CAST(s.http_status AS INTEGER) AS status_code,
+  (coalesce(s.http_status, 0) >= 500 OR s.otel_status = 2) AS is_error,
+  s.start_ns AS start_unix_ns,
+  CASE WHEN {is_vllm} AND s.e2e_s IS NOT NULL THEN s.e2e_s * 1e3 ELSE (s.end_ns - s.start_ns) / 1e6 END
+    AS duration_ms,
+  s.ttft_s * 1e3 AS ttft_ms,
+  coalesce(s.itl_mean_s * 1e3, CASE WHEN {is_vllm} AND s.output_tokens > 1
+    THEN s.decode_s * 1e3 / (s.output_tokens - 1) END) AS itl_mean_ms,
+  s.itl_p99_s * 1e3 AS itl_p99_ms, s.itl_max_s * 1e3 AS itl_max_ms,
+  s.input_tokens, s.output_tokens, s.batch_size, s.queue_depth, s.input_hash, s.cold_start,
+  s.client_ms AS client_duration_ms,
+  CASE WHEN {is_vllm} THEN 'vllm'
+       WHEN s.trace_id IN (SELECT trace_id FROM _staged) OR s.batch_size IS NOT NULL
+         OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
+         OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
+       ELSE 'generic' END AS source
+FROM cand s""",
+        f"""CREATE OR REPLACE {kind} stages AS
+SELECT trace_id, stage, start_ns AS start_unix_ns, end_ns AS end_unix_ns, (end_ns - start_ns) / 1e6 AS duration_ms
+FROM {spans} WHERE stage IS NOT NULL
+UNION ALL
+SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6
+FROM (
+  SELECT s.trace_id, unnest([
+    {{'stage': '{names.STAGE_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
+    {{'stage': '{names.STAGE_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
+      'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
+    {{'stage': '{names.STAGE_DECODE}', 'st': s.start_ns + CAST((q + p) * 1e9 AS BIGINT),
+      'en': s.start_ns + CAST((q + p + d) * 1e9 AS BIGINT)}}
+  ]) AS x
+  FROM (SELECT *, coalesce(queue_s, 0) AS q, coalesce(prefill_s, 0) AS p, coalesce(decode_s, 0) AS d
+        FROM {spans} s WHERE (queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)
+          AND stage IS NULL) s
+)
+UNION ALL
+SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
+       c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),
+       r.client_duration_ms - r.duration_ms
+FROM requests r JOIN _client c USING (trace_id)
+WHERE r.client_duration_ms > r.duration_ms""",
+        f"""CREATE OR REPLACE {kind} token_gaps AS
+SELECT trace_id, unnest(gaps_s) * 1e3 AS gap_ms FROM {spans} WHERE gaps_s IS NOT NULL AND stage IS NULL""",
+    ]

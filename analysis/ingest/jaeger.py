@@ -1,0 +1,164 @@
+"""Jaeger JSON traces -> the flat ``spans`` table (Python; Jaeger exports are query-sized).
+
+Shapes read: the query API ``{"data": [{"traceID", "spans": [...], "processes": {...}}]}``, the
+Jaeger-UI single trace ``{"data": {"spans": [...], "processes": {...}}}`` or a bare trace object, and
+a bare array of spans with inline ``process``. Times are **microseconds** (``startTime``,
+``duration``) and become Unix nanoseconds. 64-bit trace ids are left-padded to 32 hex digits. The
+parent is the first ``CHILD_OF`` reference (else the first reference, else ``parentSpanID``); kind
+comes from the ``span.kind`` tag, an error from ``error=true`` or ``otel.status_code=ERROR``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+
+from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
+from stagescope.analysis.ingest.files import SniffedFile, open_bytes
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+from stagescope.errors import UserError
+
+if TYPE_CHECKING:
+    from stagescope.analysis.ingest.traces import TraceLoader
+
+__all__ = ["JaegerFileError", "jaeger_rows", "load_jaeger_files"]
+
+_KINDS = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
+_HEX = re.compile(r"[0-9a-fA-F]{1,32}")
+
+
+class JaegerFileError(UserError):
+    """A bad Jaeger file: ``line`` (1-based) and ``reason`` without the file name."""
+
+    def __init__(self, file: str, line: int, reason: str) -> None:
+        super().__init__(f"{file}:{line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, needle: str = "") -> None:
+        super().__init__(message)
+        self.needle = needle
+
+
+def _traces(doc: Any) -> Iterator[tuple[list[Any], dict[str, Any]]]:
+    """(spans, processes) per trace, for every supported shape."""
+    if isinstance(doc, list):
+        yield doc, {}
+        return
+    if not isinstance(doc, dict):
+        raise _Bad(f"expected a Jaeger JSON object or array, got {type(doc).__name__}")
+    data = doc.get("data", doc)
+    items = data if isinstance(data, list) else [data]
+    for t in items:
+        if not isinstance(t, dict) or not isinstance(t.get("spans"), list):
+            raise _Bad("Jaeger trace without a spans list")
+        procs = t.get("processes") or {}
+        yield t["spans"], procs if isinstance(procs, dict) else {}
+
+
+def _convert(v: Any, typ: str) -> Any:
+    try:
+        if typ == "VARCHAR":
+            return None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+        if typ == "BIGINT":
+            return int(v)
+        if typ == "DOUBLE":
+            return float(v)
+        if typ == "BOOLEAN":
+            return v if isinstance(v, bool) else str(v).lower() == "true"
+        if typ == "DOUBLE[]":
+            return [float(x) for x in (orjson.loads(v) if isinstance(v, str) else v)]
+    except (TypeError, ValueError, orjson.JSONDecodeError):
+        return None
+    raise ValueError(typ)
+
+
+def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
+    if not isinstance(sp, dict):
+        raise _Bad(f"span is {type(sp).__name__}, not an object")
+    tid, sid = sp.get("traceID"), sp.get("spanID")
+    for key, v in (("traceID", tid), ("spanID", sid)):
+        if not isinstance(v, str) or not _HEX.fullmatch(v):
+            raise _Bad(f"{key} {v!r} is not hex", str(v))
+    assert isinstance(tid, str) and isinstance(sid, str)
+    start, dur = sp.get("startTime"), sp.get("duration", 0)
+    if not isinstance(start, int) or isinstance(start, bool) or not isinstance(dur, int) or dur < 0:
+        raise _Bad(f"span {sid}: startTime/duration {start!r}/{dur!r} are not integer microseconds", str(sid))
+    start_ns = start * 1000
+    if not MIN_NS <= start_ns <= MAX_NS:
+        raise _Bad(
+            f"span {sid}: startTime {start} is not plausible Unix microseconds ({unit_guess(start_ns)})",
+            str(start),
+        )
+    tags = {t.get("key"): t.get("value") for t in sp.get("tags") or [] if isinstance(t, dict)}
+    refs = [r for r in sp.get("references") or [] if isinstance(r, dict)]
+    ref = next((r for r in refs if r.get("refType") == "CHILD_OF"), refs[0] if refs else None)
+    parent = (ref or {}).get("spanID") or sp.get("parentSpanID") or ""
+    proc = sp.get("process") or procs.get(sp.get("processID", ""), {}) or {}
+    status = str(tags.get("otel.status_code", "")).upper()
+    row: dict[str, Any] = {
+        "file": file,
+        "trace_id": tid.lower().rjust(32, "0"),
+        "span_id": sid.lower().rjust(16, "0"),
+        "parent_span_id": str(parent).lower().rjust(16, "0") if parent and parent != "0" else "",
+        "name": sp.get("operationName"),
+        "kind": _KINDS.get(str(tags.get("span.kind", "")).lower(), 0),
+        "start_ns": start_ns,
+        "end_ns": start_ns + dur * 1000,
+        "service": proc.get("serviceName") if isinstance(proc, dict) else None,
+        "otel_status": 2 if str(tags.get("error", "")).lower() == "true" or status == "ERROR" else 0,
+    }
+    for col, (typ, keys) in ATTR_COLUMNS.items():
+        row[col] = next((_convert(tags[k], typ) for k in keys if k in tags), None)
+    return row
+
+
+def jaeger_rows(data: bytes, file: str) -> list[dict[str, Any]]:
+    """Rows of the spans table for one Jaeger JSON document; raises :class:`UserError` (file:line)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise JaegerFileError(file, exc.lineno, f"malformed JSON: {exc.msg}") from None
+    rows: list[dict[str, Any]] = []
+    try:
+        for spans, procs in _traces(doc):
+            rows.extend(_span_row(sp, procs, file) for sp in spans)
+    except _Bad as exc:
+        pos = data.find(exc.needle.encode()) if exc.needle else -1
+        line = data.count(b"\n", 0, pos) + 1 if pos >= 0 else 1
+        raise JaegerFileError(file, line, str(exc)) from None
+    return rows
+
+
+_ARROW_TYPES = {
+    "VARCHAR": pa.string(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "DOUBLE[]": pa.list_(pa.float64()),
+}
+_SCHEMA = pa.schema([(c, _ARROW_TYPES[t]) for c, t in SPAN_COLUMNS.items()])
+
+
+def load_jaeger_files(loader: TraceLoader, files: list[SniffedFile]) -> None:
+    """Insert the spans of Jaeger files into ``loader.con``'s ``spans`` (bad files per ``skip_bad``)."""
+    from stagescope.analysis.ingest.traces import FileSummary
+
+    for f in files:
+        try:
+            rows = jaeger_rows(open_bytes(f.path), str(f.path))
+        except JaegerFileError as exc:
+            loader.bad(f.path, [Problem(exc.line, exc.reason)], "jaeger")
+            continue
+        loader.files.append(FileSummary(str(f.path), "jaeger"))
+        if rows:
+            loader.con.register("_jaeger_rows", pa.Table.from_pylist(rows, schema=_SCHEMA))
+            loader.con.execute("INSERT INTO spans SELECT * FROM _jaeger_rows")
+            loader.con.unregister("_jaeger_rows")

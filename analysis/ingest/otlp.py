@@ -1,0 +1,143 @@
+"""OTLP/JSON traces -> the flat ``spans`` table, in DuckDB SQL (no per-span Python).
+
+Input: files holding ``ExportTraceServiceRequest`` JSON, one per line (the collector's ``file``
+exporter, stagescope's embedded sink) or one (pretty-printed) document per file, optionally gzip.
+DuckDB splits the files into JSON objects, ``json_extract`` with wildcard paths unnests
+``resourceSpans -> scopeSpans -> spans``, and ``json_transform`` turns each span's ``attributes`` into
+a list of structs from which the keys in :data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are
+pivoted with ``list_position``. Lenient by design: unknown fields are ignored, ids are hex in any case
+(base64 ids, which some protobuf-JSON encoders write, are converted), 64-bit integers may be strings or
+numbers, ``kind``/``status.code`` may be integers or enum names. Values that do not convert become NULL
+and are reported by :mod:`stagescope.analysis.ingest.check` with file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+
+__all__ = ["MAX_OBJECT_BYTES", "otlp_spans_sql", "sql_str"]
+
+#: Default largest JSON object (one export request line); DuckDB's read buffers scale with it, so it
+#: stays at DuckDB's default and a file with longer lines is retried with a larger bound.
+MAX_OBJECT_BYTES: Final = 16 * 1024 * 1024
+
+_SCALAR = '{"stringValue":"VARCHAR","intValue":"VARCHAR","doubleValue":"DOUBLE","boolValue":"BOOLEAN"}'
+_ATTR_TYPE = (
+    '[{"key":"VARCHAR","value":{"stringValue":"VARCHAR","intValue":"VARCHAR","doubleValue":"DOUBLE",'
+    f'"boolValue":"BOOLEAN","arrayValue":{{"values":[{_SCALAR}]}}}}}}]'
+)
+_KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
+_STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
+
+
+def sql_str(s: str) -> str:
+    """A SQL string literal."""
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _enum(expr: str, prefix: str, values: dict[str, int]) -> str:
+    cases = " ".join(f"WHEN {sql_str(k)} THEN {v}" for k, v in values.items())
+    return (
+        f"coalesce(TRY_CAST({expr} AS INTEGER), "
+        f"CASE upper(replace(upper({expr}), {sql_str(prefix)}, '')) {cases} END, 0)"
+    )
+
+
+def _hex_id(expr: str) -> str:
+    return (
+        f"CASE WHEN {expr} IS NULL THEN NULL WHEN {expr} LIKE '%=' "
+        f"THEN TRY(lower(hex(from_base64({expr})))) ELSE lower({expr}) END"
+    )
+
+
+def _int64(expr: str) -> str:
+    return f"coalesce(TRY_CAST({expr} AS BIGINT), TRY_CAST(TRY_CAST({expr} AS DOUBLE) AS BIGINT))"
+
+
+def _pivot(typ: str, v: str) -> str:
+    if typ == "VARCHAR":
+        return (
+            f"coalesce({v}.stringValue, {v}.intValue, CAST({v}.doubleValue AS VARCHAR), "
+            f"CAST({v}.boolValue AS VARCHAR))"
+        )
+    if typ == "BIGINT":
+        return (
+            f"coalesce(TRY_CAST({v}.intValue AS BIGINT), TRY_CAST({v}.doubleValue AS BIGINT), "
+            f"TRY_CAST({v}.stringValue AS BIGINT))"
+        )
+    if typ == "DOUBLE":
+        return (
+            f"coalesce({v}.doubleValue, TRY_CAST({v}.intValue AS DOUBLE), "
+            f"TRY_CAST({v}.stringValue AS DOUBLE))"
+        )
+    if typ == "BOOLEAN":
+        return (
+            f"coalesce({v}.boolValue, TRY_CAST({v}.stringValue AS BOOLEAN), "
+            f"TRY_CAST({v}.intValue AS BIGINT) <> 0)"
+        )
+    if typ == "DOUBLE[]":
+        return (
+            f'list_transform({v}.arrayValue."values", '
+            "lambda x: coalesce(x.doubleValue, TRY_CAST(x.intValue AS DOUBLE)))"
+        )
+    raise ValueError(typ)
+
+
+def otlp_spans_sql(
+    files: Sequence[str],
+    *,
+    fmt: str = "newline_delimited",
+    compression: str = "auto",
+    max_object_bytes: int = MAX_OBJECT_BYTES,
+) -> str:
+    """A SELECT yielding the spans table (columns of ``SPAN_COLUMNS``) for OTLP/JSON ``files``.
+
+    ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents).
+    """
+    file_list = "[" + ", ".join(sql_str(f) for f in files) + "]"
+    pivots: list[str] = []
+    values: list[str] = []
+    for col, (typ, keys) in ATTR_COLUMNS.items():
+        exprs = []
+        for key in keys:
+            values.append(f"a[list_position(ks, {sql_str(key)})].value AS v{len(values)}")
+            exprs.append(_pivot(typ, f"v{len(values) - 1}"))
+        pivots.append(f"{exprs[0] if len(exprs) == 1 else 'coalesce(' + ', '.join(exprs) + ')'} AS {col}")
+    cols = ", ".join(SPAN_COLUMNS)
+    return f"""
+WITH o AS (
+  SELECT filename AS file, json FROM read_json_objects({file_list}, format={sql_str(fmt)},
+    compression={sql_str(compression)}, filename=true, maximum_object_size={max_object_bytes})
+), r AS (
+  SELECT file, unnest(json_extract(json, '$.resourceSpans[*]')) AS r FROM o
+), rs AS (
+  SELECT file, r, json_extract_string(r, '$.resource.attributes[*].key') AS rk,
+         json_extract(r, '$.resource.attributes[*].value') AS rv FROM r
+), s AS (
+  SELECT file, rv[list_position(rk, 'service.name')]->>'$.stringValue' AS service,
+    unnest(json_extract(r, '$.scopeSpans[*].spans[*]')) AS s FROM rs
+), t AS (
+  SELECT file, service,
+    s->>'$.traceId' AS tid, s->>'$.spanId' AS sid, s->>'$.parentSpanId' AS pid, s->>'$.name' AS name,
+    s->>'$.kind' AS k, s->>'$.status.code' AS sc,
+    s->>'$.startTimeUnixNano' AS st, s->>'$.endTimeUnixNano' AS en,
+    json_transform(s->'$.attributes', '{_ATTR_TYPE}') AS a
+  FROM s
+), u AS (
+  SELECT *, list_transform(a, lambda x: x.key) AS ks FROM t
+), w AS (
+  SELECT * EXCLUDE (a, ks), {", ".join(values)} FROM u
+), v AS (
+  SELECT file, {_hex_id("tid")} AS trace_id, {_hex_id("sid")} AS span_id,
+    coalesce({_hex_id("pid")}, '') AS parent_span_id, name,
+    {_enum("k", "SPAN_KIND_", _KINDS)} AS kind,
+    {_int64("st")} AS start_ns, {_int64("en")} AS end_ns, service,
+    {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status,
+    {", ".join(pivots)}
+  FROM w
+)
+SELECT {cols} FROM v
+"""

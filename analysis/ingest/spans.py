@@ -1,0 +1,65 @@
+"""The flat ``spans`` table every trace reader produces, and the attribute keys it pivots.
+
+One row per span. Times are Unix **nanoseconds**; attribute-derived durations keep the emitter's
+unit (**seconds**, OpenTelemetry convention) and are converted to milliseconds when the analysis
+relations are derived (see :mod:`stagescope.analysis.ingest.derive`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from stagescope import names
+
+__all__ = [
+    "ATTR_COLUMNS",
+    "KIND_CLIENT",
+    "KIND_SERVER",
+    "SPAN_COLUMNS",
+    "SPAN_TABLE_DDL",
+]
+
+KIND_INTERNAL: Final = 1
+KIND_SERVER: Final = 2
+KIND_CLIENT: Final = 3
+
+#: Attribute pivots: column -> (SQL type, attribute keys in order of preference).
+ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
+    "stage": ("VARCHAR", (names.ATTR_STAGE,)),
+    "route": ("VARCHAR", ("http.route",)),
+    "http_status": ("BIGINT", ("http.response.status_code", "http.status_code")),
+    "model": ("VARCHAR", (names.ATTR_MODEL, names.GENAI_REQUEST_MODEL, "gen_ai.response.model")),
+    "batch_size": ("BIGINT", (names.ATTR_BATCH_SIZE,)),
+    "queue_depth": ("BIGINT", (names.ATTR_QUEUE_DEPTH,)),
+    "input_hash": ("VARCHAR", (names.ATTR_INPUT_HASH,)),
+    "cold_start": ("BOOLEAN", (names.ATTR_COLD_START,)),
+    "is_client_attr": ("BOOLEAN", (names.ATTR_CLIENT,)),
+    "input_tokens": ("BIGINT", (names.GENAI_USAGE_INPUT_TOKENS, names.VLLM_ATTR_PROMPT_TOKENS)),
+    "output_tokens": ("BIGINT", (names.GENAI_USAGE_OUTPUT_TOKENS, names.VLLM_ATTR_COMPLETION_TOKENS)),
+    "e2e_s": ("DOUBLE", (names.VLLM_ATTR_E2E,)),
+    "ttft_s": ("DOUBLE", (names.VLLM_ATTR_TTFT,)),
+    "queue_s": ("DOUBLE", (names.VLLM_ATTR_QUEUE,)),
+    "prefill_s": ("DOUBLE", (names.VLLM_ATTR_PREFILL,)),
+    "decode_s": ("DOUBLE", (names.VLLM_ATTR_DECODE,)),
+    "itl_mean_s": ("DOUBLE", (names.ATTR_ITL_MEAN,)),
+    "itl_p99_s": ("DOUBLE", (names.ATTR_ITL_P99,)),
+    "itl_max_s": ("DOUBLE", (names.ATTR_ITL_MAX,)),
+    "gaps_s": ("DOUBLE[]", (names.ATTR_TOKEN_GAPS,)),
+}
+
+#: Column -> SQL type of the flat spans table, in order.
+SPAN_COLUMNS: Final[dict[str, str]] = {
+    "file": "VARCHAR",
+    "trace_id": "VARCHAR",
+    "span_id": "VARCHAR",
+    "parent_span_id": "VARCHAR",  # '' for roots
+    "name": "VARCHAR",
+    "kind": "INTEGER",  # OTLP SpanKind: 0 unspecified, 1 internal, 2 server, 3 client, 4 producer, 5 consumer
+    "start_ns": "BIGINT",
+    "end_ns": "BIGINT",
+    "service": "VARCHAR",
+    "otel_status": "INTEGER",  # 0 unset, 1 ok, 2 error
+    **{col: typ for col, (typ, _) in ATTR_COLUMNS.items()},
+}
+
+SPAN_TABLE_DDL: Final = "(" + ", ".join(f"{c} {t}" for c, t in SPAN_COLUMNS.items()) + ")"

@@ -1,0 +1,190 @@
+"""Loading trace files into the ``spans`` table, with bad-file handling and per-file summaries.
+
+OTLP/JSON files (and stagescope's sink files) go through the DuckDB SQL path in groups; a group that
+fails is retried file by file, and a failing file is diagnosed line by line
+(:mod:`~stagescope.analysis.ingest.check`). Bad input raises :class:`~stagescope.errors.UserError`
+naming the file and line, or with ``skip_bad`` becomes a warning: the bad lines are dropped and the
+file's good lines are still loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, diagnose_otlp
+from stagescope.analysis.ingest.files import SniffedFile, expand_paths, sniff
+from stagescope.analysis.ingest.otlp import otlp_spans_sql, sql_str
+from stagescope.errors import UserError
+from stagescope.names import ATTR_STAGE
+
+__all__ = ["FileSummary", "TraceLoader"]
+
+
+@dataclass
+class FileSummary:
+    """One input file: ``kind`` is otlp, sink, jaeger, prometheus or results."""
+
+    path: str
+    kind: str
+    spans: int = 0
+    samples: int = 0
+    has_stage_info: bool = False
+    skipped: bool = False
+    note: str = ""
+
+
+_STAGE_INFO = (
+    "bool_or(stage IS NOT NULL OR queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)"
+)
+_BAD_ROW = (
+    f"(trace_id IS NULL OR NOT regexp_full_match(trace_id, '[0-9a-f]{{32}}') OR span_id IS NULL "
+    f"OR NOT regexp_full_match(span_id, '[0-9a-f]{{16}}') OR start_ns IS NULL OR end_ns IS NULL "
+    f"OR start_ns < {MIN_NS} OR start_ns > {MAX_NS} OR end_ns < start_ns OR end_ns > {MAX_NS})"
+)
+
+
+class TraceLoader:
+    """Fills ``spans`` in ``con`` from trace files; collects warnings and per-file summaries."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, scratch: Path, *, skip_bad: bool) -> None:
+        self.con = con
+        self.scratch = scratch
+        self.skip_bad = skip_bad
+        self.warnings: list[str] = []
+        self.files: list[FileSummary] = []
+        self._counts: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- public
+    def load(self, paths: Sequence[str | Path]) -> None:
+        groups: dict[tuple[bool, bool], list[SniffedFile]] = {}
+        jaeger: list[SniffedFile] = []
+        for path in expand_paths(list(paths)):
+            try:
+                sf = sniff(path)
+            except UserError as exc:
+                self._bad_message(path, str(exc))
+                continue
+            if sf.kind == "empty":
+                self.bad(path, [Problem(1, "empty file, no spans")], "otlp")
+            elif sf.kind == "unknown":
+                self.bad(
+                    path,
+                    [Problem(1, "JSON of an unknown shape: neither OTLP resourceSpans nor Jaeger data")],
+                    "otlp",
+                )
+            elif sf.kind == "otlp-other":
+                self.files.append(FileSummary(str(path), "otlp", note="OTLP logs/metrics, no spans"))
+                self.warnings.append(f"{path}: OTLP logs or metrics, not traces: no spans read")
+            elif sf.kind == "jaeger":
+                jaeger.append(sf)
+            else:
+                groups.setdefault((sf.lines, sf.gzip), []).append(sf)
+        for (lines, gz), files in groups.items():
+            self._load_otlp_group(files, lines, gz)
+        if jaeger:
+            from stagescope.analysis.ingest.jaeger import load_jaeger_files
+
+            load_jaeger_files(self, jaeger)
+        self._validate_rows(groups)
+        self._summarize()
+
+    # ---------------------------------------------------------------- OTLP
+    def _insert_otlp(self, files: list[str], lines: bool, gz: bool, as_name: str | None = None) -> None:
+        sql = otlp_spans_sql(
+            files, fmt="newline_delimited" if lines else "unstructured", compression="gzip" if gz else "none"
+        )
+        if as_name is not None:
+            sql = f"SELECT * REPLACE ({sql_str(as_name)} AS file) FROM ({sql})"
+        self.con.execute(f"INSERT INTO spans {sql}")
+
+    def _load_otlp_group(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
+        names = [str(f.path) for f in files]
+        for f in files:
+            self.files.append(FileSummary(str(f.path), f.kind))
+        try:
+            self._insert_otlp(names, lines, gz)
+            return
+        except duckdb.Error:
+            if len(files) == 1:
+                self._recover(files[0])
+                return
+        for f in files:  # retry one by one to find the bad ones
+            try:
+                self._insert_otlp([str(f.path)], lines, gz)
+            except duckdb.Error:
+                self._recover(f)
+
+    def _recover(self, f: SniffedFile, problems: list[Problem] | None = None) -> None:
+        """Diagnose a file the SQL path choked on; raise, or load its good lines (skip_bad)."""
+        found, good = diagnose_otlp(f.path, lines=f.lines)
+        problems = problems or found
+        if not problems:
+            problems = [Problem(1, "DuckDB could not read it as OTLP/JSON")]
+        self.bad(f.path, problems, f.kind, good)
+
+    def _validate_rows(self, groups: dict[tuple[bool, bool], list[SniffedFile]]) -> None:
+        bad_files = {
+            r[0]: r[1]
+            for r in self.con.execute(
+                f"SELECT file, count(*) FROM spans WHERE {_BAD_ROW} GROUP BY file"
+            ).fetchall()
+        }
+        if not bad_files:
+            return
+        for files in groups.values():
+            for f in files:
+                if str(f.path) in bad_files:
+                    self.con.execute("DELETE FROM spans WHERE file = ?", [str(f.path)])
+                    self._recover(f)
+        for name in set(bad_files) - {str(f.path) for fs in groups.values() for f in fs}:
+            raise UserError(f"{name}: {bad_files[name]} spans without valid ids or plausible times")
+
+    # ---------------------------------------------------------------- bad input
+    def _bad_message(self, path: Path, message: str) -> None:
+        if not self.skip_bad:
+            raise UserError(message)
+        self.warnings.append(f"skipped: {message}")
+        self.files.append(FileSummary(str(path), "otlp", skipped=True, note=message))
+
+    def bad(self, path: Path, problems: list[Problem], kind: str, good: bytes = b"") -> None:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more bad lines)" if len(problems) > 1 else ""
+        message = f"{path}:{first.line}: {first.message}{more}"
+        if not self.skip_bad:
+            raise UserError(message)
+        summary = next((s for s in self.files if s.path == str(path)), None)
+        if summary is None:
+            summary = FileSummary(str(path), kind)
+            self.files.append(summary)
+        if good.strip():
+            clean = self.scratch / f"clean-{hashlib.sha1(str(path).encode()).hexdigest()[:12]}.jsonl"
+            clean.write_bytes(good)
+            self._insert_otlp([str(clean)], True, False, as_name=str(path))
+            summary.note = f"{len(problems)} bad lines skipped"
+            self.warnings.append(f"skipped bad lines: {message}; the other lines were read")
+        else:
+            summary.skipped = True
+            summary.note = message
+            self.warnings.append(f"skipped file: {message}")
+
+    # ---------------------------------------------------------------- summaries
+    def _summarize(self) -> None:
+        stats = {
+            r[0]: (r[1], bool(r[2]))
+            for r in self.con.execute(
+                f"SELECT file, count(*), {_STAGE_INFO} FROM spans GROUP BY file"
+            ).fetchall()
+        }
+        for s in self.files:
+            n, staged = stats.get(s.path, (0, False))
+            s.spans, s.has_stage_info = n, staged
+            if n and not staged:
+                self.warnings.append(
+                    f"{s.path}: {n} spans without stage information (no {ATTR_STAGE} "
+                    "spans, no vLLM gen_ai.latency attributes): its requests are counted, their stages not guessed"
+                )

@@ -1,0 +1,142 @@
+"""OTLP/JSON lines, sink directories and the external OTLP fixtures -> requests/stages/token_gaps."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stagescope.analysis.ingest import ingest_to_parquet, load_dataset
+from stagescope.analysis.synth import KIND_SERVER, SynthSpan, request_spans, write_otlp_lines
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = 1_764_000_000_000_000_000
+
+
+def _tid(i: int) -> str:
+    return f"{i + 1:032x}"
+
+
+def _write_requests(path: Path, n: int = 20, *, client: bool = False, gz: bool = False) -> None:
+    spans = []
+    for i in range(n):
+        stages = [("feature_fetch", 0.0, 5.0), ("queue", 5.0, 10.0 + i), ("compute", 15.0 + i, 20.0)]
+        spans += request_spans(
+            _tid(i), T0 + i * 10**9, stages,
+            attributes={"stagescope.model": "m1", "stagescope.batch_size": 4, "stagescope.queue_depth": i,
+                        "stagescope.input_hash": f"h{i % 3}", "stagescope.cold_start": i == 0},
+            client_ms=(60.0 + i) if client else None,
+        )  # fmt: skip
+    write_otlp_lines(path, spans, spans_per_line=7, compress=gz)
+
+
+def _rows(ds, sql: str) -> list[tuple]:
+    return ds.con.execute(sql).fetchall()
+
+
+def test_otlp_lines_to_requests_and_stages(tmp_path: Path) -> None:
+    f = tmp_path / "traces.jsonl"
+    _write_requests(f, 20, client=True)
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT count(*) FROM requests") == [(20,)]
+    r = _rows(ds, "SELECT route, model, status_code, is_error, duration_ms, batch_size, queue_depth, "
+                  "input_hash, cold_start, client_duration_ms, source FROM requests WHERE trace_id = ?"
+              .replace("?", f"'{_tid(3)}'"))  # fmt: skip
+    assert r == [("/v1/predict", "m1", 200, False, 38.0, 4, 3, "h0", False, 63.0, "stagescope")]
+    stages = dict(_rows(ds, f"SELECT stage, duration_ms FROM stages WHERE trace_id = '{_tid(3)}'"))
+    assert stages == {"feature_fetch": 5.0, "queue": 13.0, "compute": 20.0, "network": 25.0}
+    assert ds.files[0].kind == "otlp" and ds.files[0].spans == 20 * 5 and ds.files[0].has_stage_info
+    assert ds.warnings == []
+    ds.close()
+
+
+def test_sink_directory_recursive_gzip_and_uppercase_ids(tmp_path: Path) -> None:
+    sink = tmp_path / "spans" / "worker"
+    sink.mkdir(parents=True)
+    _write_requests(sink / "spans-123-0.jsonl", 10)
+    _write_requests(sink / "spans-123-1.jsonl.gz", 5, gz=True)
+    upper = tmp_path / "spans" / "upper.json"
+    upper.write_text(
+        '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"5B8EFFF798038103D269B633813FC60C",'
+        '"spanId":"EEE19B7EC3C1B174","name":"GET /x","kind":"SPAN_KIND_SERVER",'
+        f'"startTimeUnixNano":{T0},"endTimeUnixNano":"{T0 + 2_000_000}",'
+        '"status":{"code":"STATUS_CODE_ERROR"}}]}]}]}\n'
+    )
+    ds = load_dataset(traces=[tmp_path / "spans"])
+    kinds = sorted((Path(f.path).name, f.kind) for f in ds.files)
+    assert kinds == [("spans-123-0.jsonl", "sink"), ("spans-123-1.jsonl.gz", "sink"), ("upper.json", "otlp")]
+    # ids of the two sink files overlap (same generator): 10 + 5 request rows, one generic request
+    assert _rows(ds, "SELECT source, count(*) FROM requests GROUP BY 1 ORDER BY 1") == [
+        ("generic", 1), ("stagescope", 15)]  # fmt: skip
+    assert _rows(ds, "SELECT trace_id, is_error, duration_ms FROM requests WHERE source = 'generic'") == [
+        ("5b8efff798038103d269b633813fc60c", True, 2.0)]  # fmt: skip
+    assert any("upper.json: 1 spans without stage information" in w for w in ds.warnings)
+    ds.close()
+
+
+def test_token_gaps_and_vllm_spans(tmp_path: Path) -> None:
+    f = tmp_path / "v.jsonl"
+    gaps = [0.02, 0.03, 0.25]
+    spans = [
+        SynthSpan(_tid(1), "a" * 16, "POST /v1/generate", T0, T0 + 400_000_000, kind=KIND_SERVER,
+                  attributes={"http.route": "/v1/generate", "stagescope.itl.gaps": gaps,
+                              "stagescope.itl.mean": 0.1, "gen_ai.latency.time_to_first_token": 0.1,
+                              "gen_ai.usage.output_tokens": 4}),
+        SynthSpan(_tid(2), "b" * 16, "llm_request", T0, T0 + 1_000_000_000, kind=KIND_SERVER,
+                  attributes={"gen_ai.latency.time_in_queue": 0.2, "gen_ai.latency.time_in_model_prefill": 0.3,
+                              "gen_ai.latency.time_in_model_decode": 0.4, "gen_ai.latency.e2e": 0.95,
+                              "gen_ai.latency.time_to_first_token": 0.5, "gen_ai.usage.completion_tokens": 5,
+                              "gen_ai.usage.prompt_tokens": 100, "gen_ai.request.model": "opt"}),
+    ]  # fmt: skip
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    assert sorted(g for (g,) in _rows(ds, "SELECT gap_ms FROM token_gaps")) == pytest.approx([20, 30, 250])
+    v = _rows(ds, f"SELECT source, duration_ms, ttft_ms, itl_mean_ms, input_tokens, output_tokens, model "
+                  f"FROM requests WHERE trace_id = '{_tid(2)}'")[0]  # fmt: skip
+    assert v[0] == "vllm" and v[1:4] == pytest.approx((950.0, 500.0, 100.0)) and v[4:] == (100, 5, "opt")
+    st = _rows(ds, f"SELECT stage, start_unix_ns - {T0}, duration_ms FROM stages WHERE trace_id = '{_tid(2)}' "
+                   "ORDER BY 2")  # fmt: skip
+    assert [(s, o) for s, o, _ in st] == [("queue", 0), ("prefill", 200_000_000), ("decode", 500_000_000)]
+    assert [d for _, _, d in st] == pytest.approx([200.0, 300.0, 400.0])
+    assert _rows(ds, f"SELECT source, ttft_ms, itl_mean_ms FROM requests WHERE trace_id = '{_tid(1)}'") == [
+        ("stagescope", 100.0, 100.0)]  # fmt: skip
+    ds.close()
+
+
+def test_every_external_otlp_file_loads() -> None:
+    ds = load_dataset(traces=[REPO / "external" / "otlp"])
+    by_name = {Path(f.path).name: f for f in ds.files}
+    assert by_name["trace.json"].spans == 1 and not by_name["trace.json"].has_stage_info
+    assert by_name["metrics.json"].spans == 0
+    assert {"otlp2jaeger-in.json", "integration_example_trace.json", "otlp2jaeger-out.json",
+            "uiconv_trace_success.json", "flamegraph_testTrace_ride-sharing.json"} <= set(by_name)  # fmt: skip
+    assert all(f.spans > 0 for name, f in by_name.items() if "trace" in name or "jaeger" in name)
+    assert not any(f.has_stage_info for f in ds.files)
+    assert sum("without stage information" in w for w in ds.warnings) == sum(f.spans > 0 for f in ds.files)
+    assert _rows(ds, "SELECT count(*) FROM stages") == [(0,)]
+    assert _rows(ds, "SELECT count(*) FROM requests") != [(0,)]
+    ds.close()
+
+
+def test_ingest_to_parquet_round_trip(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    _write_requests(f, 12, client=True)
+    out = ingest_to_parquet([f], tmp_path / "pq")
+    shutil.rmtree(tmp_path / "pq" / ".work", ignore_errors=True)
+    ds = load_dataset(traces=[out])
+    assert _rows(ds, "SELECT count(*) FROM requests") == [(12,)]
+    assert _rows(ds, "SELECT count(*) FROM stages WHERE stage = 'network'") == [(12,)]
+    assert ds.files and ds.files[0].path == str(f)
+    ds.close()
+
+
+def test_pretty_printed_gzip_document(tmp_path: Path) -> None:
+    src = REPO / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    f = tmp_path / "trace.json.gz"
+    f.write_bytes(gzip.compress(src.read_bytes()))
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT trace_id, span_id, duration_ms, service FROM requests") == [
+        ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174", 1000.0, "my.service")]  # fmt: skip
+    ds.close()
