@@ -1,0 +1,152 @@
+"""Dashboard 3, "GPU": dcgm-exporter's names (utilization, memory, power, SM clock, temperature, XID
+errors), accelerator utilization beside queue depth, and Triton's queue-vs-compute counters.
+
+Utilization beside queue depth tells two incidents apart: a saturated accelerator (utilization near
+100%, queue growing) needs more capacity; an accelerator at 35% with high latency is starved (long
+batch wait, a CPU stage in front of it, or too few executors feeding it), and more GPUs will not help.
+On a machine without a GPU the reference service exports the same dcgm names for its simulated
+accelerator (``modelName="simulated-accelerator"``); the legend shows ``modelName``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagescope import names
+from stagescope.dashboards import defaults as d
+from stagescope.dashboards import panels as p
+from stagescope.dashboards.common import job_model_variables
+from stagescope.promql import Matcher, rate, rx, sel, sum_by
+
+__all__ = ["dashboard"]
+
+GPU_SCOPE: tuple[Matcher, ...] = (rx("instance", "$instance"), rx(names.LABEL_GPU, "$gpu"))
+TRITON_SCOPE: tuple[Matcher, ...] = (rx("model", "$triton_model"),)
+GPU_LEGEND = "{{modelName}} gpu {{gpu}} {{instance}}"
+
+
+def _gauge(metric: str) -> p.PromTarget:
+    return p.target(sel(metric, GPU_SCOPE), GPU_LEGEND)
+
+
+def _dcgm() -> list[list[Any]]:
+    return [
+        [
+            p.timeseries("GPU utilization", "DCGM_FI_DEV_GPU_UTIL: percent of time a kernel ran (0-100).",
+                         [_gauge(names.DCGM_GPU_UTIL)], "percent"),
+            p.timeseries("Framebuffer memory used / free", "DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_FB_FREE, MiB.",
+                         [p.target(sel(names.DCGM_FB_USED, GPU_SCOPE), "used " + GPU_LEGEND),
+                          p.target(sel(names.DCGM_FB_FREE, GPU_SCOPE), "free " + GPU_LEGEND)], "decmbytes"),
+            p.timeseries("Power", "DCGM_FI_DEV_POWER_USAGE, watts.", [_gauge(names.DCGM_POWER_USAGE)], "watt"),
+        ],
+        [
+            p.timeseries("SM clock", "DCGM_FI_DEV_SM_CLOCK, MHz (drops under thermal or power throttling).",
+                         [_gauge(names.DCGM_SM_CLOCK)], "rotmhz"),
+            p.timeseries("Temperature", "DCGM_FI_DEV_GPU_TEMP, degrees Celsius.", [_gauge(names.DCGM_GPU_TEMP)],
+                         "celsius"),
+            p.timeseries("XID errors (last XID code)", "DCGM_FI_DEV_XID_ERRORS: the code of the last XID error "
+                         "(0 = none). Any non-zero value is worth a look (NVIDIA's XID catalogue).",
+                         [_gauge(names.DCGM_XID_ERRORS)], "none"),
+        ],
+    ]  # fmt: skip
+
+
+def _beside_queue() -> list[Any]:
+    busy = sel(names.METRIC_EXECUTOR_BUSY, d.scope())
+    return [
+        p.timeseries(
+            "Accelerator utilization beside queue depth",
+            "Left: GPU utilization (%). Right: requests waiting in the batcher. High utilization with a "
+            "growing queue = saturated (scale out); low utilization with a queue or long latency = starved "
+            "(batch wait, a CPU stage, too few executors).",
+            [
+                p.target(f"avg({sel(names.DCGM_GPU_UTIL, GPU_SCOPE)})", "GPU utilization %"),
+                p.target(sum_by(sel(names.METRIC_QUEUE_DEPTH, d.scope())), "queue depth"),
+            ],
+            "percent",
+            right_axis=("queue depth", "short"),
+        ),
+        p.timeseries(
+            "Busy executors beside queue depth",
+            "Executor-seconds per second spent running batches (1.0 = one executor always busy) against "
+            "requests waiting: the service-side view of the same question.",
+            [
+                p.target(sum_by(rate(busy, d.RATE)), "busy executors"),
+                p.target(sum_by(sel(names.METRIC_QUEUE_DEPTH, d.scope())), "queue depth"),
+            ],
+            "short",
+            right_axis=("queue depth", "short"),
+        ),
+    ]
+
+
+def _per_request(counter: str, window: str | None) -> str:
+    """Triton: seconds of ``counter`` (cumulative microseconds) per successful request, per model."""
+    num = sel(counter, TRITON_SCOPE)
+    den = sel(names.TRITON_REQUEST_SUCCESS, TRITON_SCOPE)
+    by = ("model",)
+    if window is not None:
+        num, den = rate(num, window), rate(den, window)
+    return f"{sum_by(num, by)}\n/\n{sum_by(den, by)}\n/ 1e6"
+
+
+def _triton() -> list[Any]:
+    compute = (names.TRITON_COMPUTE_INPUT_US, names.TRITON_COMPUTE_INFER_US, names.TRITON_COMPUTE_OUTPUT_US)
+    phases = [
+        (names.TRITON_QUEUE_DURATION_US, "queue"),
+        *zip(compute, ("compute input", "compute infer", "compute output"), strict=True),
+    ]
+    return [
+        p.timeseries(
+            "Triton: queue vs compute per request",
+            "Mean seconds per successful request over the window: rate(nv_inference_queue_duration_us) / "
+            "rate(nv_inference_request_success), and the three compute phases. Queue growing while compute "
+            "stays flat = the model instance is saturated.",
+            [p.target(_per_request(c, d.RATE), f"{label} {{{{model}}}}") for c, label in phases],
+            "s",
+            stack=True,
+        ),
+        p.timeseries(
+            "Triton: queue vs compute per request since server start",
+            "The same ratio over Triton's cumulative counters (whole server lifetime), for a server with "
+            "little recent traffic.",
+            [p.target(_per_request(c, None), f"{label} {{{{model}}}}") for c, label in phases],
+            "s",
+            stack=True,
+        ),
+        p.timeseries(
+            "Triton: pending requests and GPU utilization",
+            "nv_inference_pending_request_count (left) and nv_gpu_utilization (right, 0-1).",
+            [p.target(sum_by(sel(names.TRITON_PENDING, TRITON_SCOPE), ("model",)), "pending {{model}}"),
+             p.target(f"avg by (gpu_uuid) ({names.TRITON_GPU_UTILIZATION})", "GPU {{gpu_uuid}}")],
+            "short",
+            right_axis=("GPU.*", "percentunit"),
+        ),
+    ]  # fmt: skip
+
+
+def dashboard() -> Any:
+    """The GPU dashboard (uid ``stagescope-gpu``)."""
+    util = names.DCGM_GPU_UTIL
+    variables = [
+        *job_model_variables(),
+        p.query_variable("instance", "GPU host", f"label_values({util}, instance)"),
+        p.query_variable("gpu", "GPU", f"label_values({sel(util, (rx('instance', '$instance'),))}, gpu)"),
+        p.query_variable(
+            "triton_model", "Triton model", f"label_values({names.TRITON_REQUEST_SUCCESS}, model)"
+        ),
+    ]
+    panels = p.layout(
+        [
+            ("Accelerator (dcgm-exporter names)", _dcgm()),
+            ("Is the accelerator the bottleneck?", [_beside_queue()]),
+            ("Triton Inference Server", [_triton()]),
+        ]
+    )
+    return p.dashboard(
+        "gpu",
+        "stagescope / GPU",
+        "dcgm-exporter GPU health, accelerator utilization beside queue depth, Triton queue vs compute.",
+        panels,
+        variables,
+    )

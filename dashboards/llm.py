@@ -1,0 +1,160 @@
+"""Dashboard 2, "LLM serving": TTFT, inter-token latency, time per output token (each with its exact
+definition), tokens per second, prefill against decode, running and waiting requests; then the same
+panels for a vLLM deployment through vLLM's own metric names (``vllm:*``, label ``model_name``).
+
+Words differ between tools (REFERENCE.md section 2): here "ITL" is the gap between two consecutive
+tokens of one stream, one sample per gap (vLLM's meaning); the per-request mean gap is "TPOT". TTFT
+starts at arrival at the server (vLLM's metric), not at scheduling and not at the client's send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagescope import names
+from stagescope.dashboards import defaults as d
+from stagescope.dashboards import panels as p
+from stagescope.dashboards.common import job_model_variables, slo_threshold
+from stagescope.promql import Matcher, histogram_quantile, rate, rx, sel, sum_by
+
+__all__ = ["dashboard"]
+
+TTFT_DEF = (
+    "TTFT: request arrival at the server -> first token handed to the response (includes queue and prefill)."
+)
+ITL_DEF = (
+    "ITL: gap between two consecutive tokens of one stream, one sample per gap (vLLM's inter-token latency)."
+)
+TPOT_DEF = "TPOT: per request, (last token - first token) / (output tokens - 1): the mean gap of one stream."
+VLLM_SCOPE: tuple[Matcher, ...] = (rx(names.VLLM_LABEL_MODEL, "$vllm_model"),)
+
+
+def _quantiles(
+    metric: str, scope: tuple[Matcher, ...], qs: tuple[float, ...] = (0.5, 0.99)
+) -> list[p.PromTarget]:
+    return [
+        p.target(histogram_quantile(q, metric, scope, d.RATE), f"p{q * 100:g}", exemplar=q == 0.99)
+        for q in qs
+    ]
+
+
+def _mean(metric: str, scope: tuple[Matcher, ...], by: tuple[str, ...] = ()) -> str:
+    num = sum_by(rate(sel(metric, scope, "_sum"), d.RATE), by)
+    return f"{num}\n/\n{sum_by(rate(sel(metric, scope, '_count'), d.RATE), by)}"
+
+
+def _stagescope_latency() -> list[Any]:
+    return [
+        p.timeseries("Time to first token (TTFT)", TTFT_DEF + " Seconds; dashed: TTFT SLO thresholds.",
+                     [*_quantiles(names.METRIC_GENAI_TTFT, d.scope(), (0.5, 0.95, 0.99)),
+                      slo_threshold(names.SLI_TTFT)], "s", dashed=["SLO threshold.*"]),
+        p.timeseries("Inter-token latency (ITL)", ITL_DEF + " Seconds; dashed: ITL SLO thresholds.",
+                     [*_quantiles(names.METRIC_INTER_TOKEN, d.scope()), slo_threshold(names.SLI_ITL)], "s",
+                     dashed=["SLO threshold.*"]),
+        p.timeseries("Time per output token (TPOT)", TPOT_DEF + " Seconds.",
+                     _quantiles(names.METRIC_GENAI_TPOT, d.scope()), "s"),
+    ]  # fmt: skip
+
+
+def _stagescope_work() -> list[Any]:
+    gaps = sum_by(rate(sel(names.METRIC_INTER_TOKEN, d.scope(), "_count"), d.RATE))
+    firsts = sum_by(rate(sel(names.METRIC_GENAI_TTFT, d.scope(), "_count"), d.RATE))
+    phases = d.scope(rx(names.LABEL_STAGE, f"{names.STAGE_PREFILL}|{names.STAGE_DECODE}"))
+    return [
+        p.timeseries(
+            "Output tokens per second",
+            "Tokens handed to responses per second = streams started (one first token each) + inter-token "
+            "gaps (one per further token), from the TTFT and ITL histogram counts.",
+            [p.target(f"{gaps}\n+\n{firsts}", "output tokens/s"), p.target(firsts, "streams/s")],
+            "short",
+            right_axis=("streams/s", "reqps"),
+        ),
+        p.timeseries(
+            "Prefill vs decode (p99 and mean)",
+            "Prefill: admitted to the engine -> first token; decode: first token -> last token. Seconds.",
+            [
+                p.target(histogram_quantile(0.99, names.METRIC_STAGE_DURATION, phases, d.RATE, (names.LABEL_STAGE,)),
+                         "{{stage}} p99"),
+                p.target(_mean(names.METRIC_STAGE_DURATION, phases, (names.LABEL_STAGE,)), "{{stage}} mean"),
+            ],
+            "s",
+        ),
+        p.timeseries(
+            "Running and waiting requests",
+            "Running: requests being served (in flight). Waiting: requests queued in front of the engine.",
+            [
+                p.target(sum_by(sel(names.METRIC_INFLIGHT, d.scope(model=False))), "running (in flight)"),
+                p.target(sum_by(sel(names.METRIC_QUEUE_DEPTH, d.scope())), "waiting"),
+            ],
+            "short",
+        ),
+    ]  # fmt: skip
+
+
+def _vllm_latency() -> list[Any]:
+    return [
+        p.timeseries("vLLM: time to first token", "vllm:time_to_first_token_seconds. " + TTFT_DEF,
+                     _quantiles(names.VLLM_TTFT, VLLM_SCOPE), "s"),
+        p.timeseries("vLLM: inter-token latency", "vllm:inter_token_latency_seconds. " + ITL_DEF,
+                     _quantiles(names.VLLM_ITL, VLLM_SCOPE), "s"),
+        p.timeseries("vLLM: time per output token", "vllm:request_time_per_output_token_seconds. " + TPOT_DEF,
+                     _quantiles(names.VLLM_TPOT, VLLM_SCOPE), "s"),
+    ]  # fmt: skip
+
+
+def _vllm_work() -> list[Any]:
+    by_model = (names.VLLM_LABEL_MODEL,)
+    phases = [
+        (names.VLLM_QUEUE_TIME, "queue"),
+        (names.VLLM_PREFILL_TIME, "prefill"),
+        (names.VLLM_DECODE_TIME, "decode"),
+    ]
+    return [
+        p.timeseries(
+            "vLLM: tokens per second",
+            "vllm:generation_tokens_total and vllm:prompt_tokens_total, per second.",
+            [p.target(sum_by(rate(sel(names.VLLM_GENERATION_TOKENS, VLLM_SCOPE), d.RATE), by_model),
+                      "generated {{model_name}}"),
+             p.target(sum_by(rate(sel(names.VLLM_PROMPT_TOKENS, VLLM_SCOPE), d.RATE), by_model),
+                      "prompt {{model_name}}")],
+            "short",
+        ),
+        p.timeseries(
+            "vLLM: queue, prefill and decode (mean per request)",
+            "vllm:request_queue_time_seconds (QUEUED -> SCHEDULED), request_prefill_time_seconds and "
+            "request_decode_time_seconds: mean seconds per finished request.",
+            [p.target(_mean(metric, VLLM_SCOPE), label) for metric, label in phases],
+            "s",
+        ),
+        p.timeseries(
+            "vLLM: running and waiting requests, KV cache use",
+            "vllm:num_requests_running, vllm:num_requests_waiting (left) and vllm:kv_cache_usage_perc (right, 0-1).",
+            [p.target(sum_by(sel(names.VLLM_NUM_RUNNING, VLLM_SCOPE), by_model), "running {{model_name}}"),
+             p.target(sum_by(sel(names.VLLM_NUM_WAITING, VLLM_SCOPE), by_model), "waiting {{model_name}}"),
+             p.target(f"max by ({names.VLLM_LABEL_MODEL}) ({sel(names.VLLM_KV_CACHE_USAGE, VLLM_SCOPE)})",
+                      "KV cache {{model_name}}")],
+            "short",
+            right_axis=("KV cache.*", "percentunit"),
+        ),
+    ]  # fmt: skip
+
+
+def dashboard() -> Any:
+    """The LLM serving dashboard (uid ``stagescope-llm``)."""
+    vllm_model = p.query_variable(
+        "vllm_model", "vLLM model", f"label_values({names.VLLM_NUM_RUNNING}, model_name)"
+    )
+    panels = p.layout(
+        [
+            ("stagescope: this service's token latencies", [_stagescope_latency(), _stagescope_work()]),
+            ("vLLM deployment (vLLM's own metric names)", [_vllm_latency(), _vllm_work()]),
+        ]
+    )
+    return p.dashboard(
+        "llm",
+        "stagescope / LLM serving",
+        "TTFT, inter-token latency and time per output token with exact definitions; prefill vs decode; "
+        "the same views for vLLM.",
+        panels,
+        [*job_model_variables(), vllm_model],
+    )
