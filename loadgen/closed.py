@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
 from stagescope.loadgen.bodies import BodyFactory
+from stagescope.loadgen.http import ConnectionPool, Exchange, build_request, origin_and_path, wall_ns
 from stagescope.loadgen.results import RequestResult
-from stagescope.loadgen.runner import send_request, wall_ns
-from stagescope.loadgen.spans import new_ids
+from stagescope.loadgen.spans import new_ids, traceparent
 
 __all__ = ["run_closed_loop"]
 
@@ -33,38 +31,36 @@ async def run_closed_loop(
     """Run ``concurrency`` back-to-back workers against ``url + route`` for ``duration_s`` seconds."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    bodies = bodies or BodyFactory(route)
-    target = url.rstrip("/") + route
+    factory = bodies or BodyFactory(route)
+    origin, base_path, host_header = origin_and_path(url)
+    pool = ConnectionPool(origin, timeout_s=timeout_s)
     results: list[RequestResult] = []
     counter = iter(range(1 << 62))
     end = time.perf_counter_ns() + int(duration_s * 1e9)
-    headers = {"content-type": "application/json"}
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker() -> None:
         while time.perf_counter_ns() < end:
             i = next(counter)
-            prepared = bodies(i)
+            body = factory(i)
             trace_id, span_id = new_ids()
+            headers = {"Content-Type": "application/json", "traceparent": traceparent(trace_id, span_id)}
+            payload = build_request("POST", base_path + route, host_header, body.body, headers)
+            now = wall_ns()
             r = RequestResult(
                 request_id=i,
                 trace_id=trace_id,
                 route=route,
-                intended_ns=wall_ns(time.perf_counter_ns()),
-                prompt_tokens=prepared.prompt_tokens,
-                output_tokens=prepared.output_tokens,
-                input_hash=prepared.input_hash,
+                intended_ns=now,
+                sent_ns=now,
+                prompt_tokens=body.prompt_tokens,
+                output_tokens=body.output_tokens,
+                input_hash=body.input_hash,
                 span_id=span_id,
             )
-            try:
-                await send_request(session, target, headers, prepared, r)
-            finally:
-                results.append(r)
-            if r.sent_ns is not None:
-                r.intended_ns = r.sent_ns
+            await pool.fetch(Exchange(payload, r, lambda ex: results.append(ex.result)))
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)
-    ) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        pool.close()
     return results
