@@ -1,0 +1,122 @@
+"""``stagescope serve``: run the reference inference service under uvicorn.
+
+::
+
+    stagescope serve --scenario slow-feature-store --port 8000 --spans-out out/spans
+    stagescope serve --scenario saturated --apply-lever          # with the lever's setting change
+    stagescope serve --set max_batch_size=8 --set executors=2    # any setting, see --list-settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from stagescope.errors import UserError
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the reference inference service (FastAPI + uvicorn) in a named fault scenario",
+        description="Run the reference inference service, instrumented with stagescope, in a named scenario.",
+    )
+    p.add_argument("--scenario", default="healthy", help="scenario name (default: healthy; see --list-scenarios)")
+    p.add_argument("--apply-lever", action="store_true", help="apply the scenario's lever (its setting change)")
+    p.add_argument("--backend", choices=("simulated", "numpy", "torch"), default=None,
+                   help="model backend: simulated accelerator (default), numpy (real CPU compute) or torch")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--spans-out", metavar="DIR", default=None,
+                   help="write spans as OTLP/JSON lines into DIR (embedded sink)")
+    p.add_argument("--feature-store", metavar="URL", default=None,
+                   help="'memory' (default, simulated latency) or redis://host:port/db (real Redis)")
+    p.add_argument("--set", dest="assignments", action="append", metavar="KEY=VALUE", default=[],
+                   help="override one setting (repeatable), e.g. --set max_batch_size=8")
+    p.add_argument("--slow-threshold-ms", type=float, default=None,
+                   help="keep every trace slower than this (default: the instrumentation's)")
+    p.add_argument("--baseline-sample", type=float, default=None,
+                   help="share of the other traces kept (default: the instrumentation's; 1 keeps all)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
+    p.add_argument("--list-settings", action="store_true", help="print the effective settings and exit")
+    p.set_defaults(func=run)
+
+
+def _bind(host: str, port: int) -> Any:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if port and exc.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+            raise UserError(f"port {port} on {host} is already in use") from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from stagescope.service.scenarios import SCENARIOS, settings_for
+    from stagescope.service.settings import parse_assignments
+
+    if args.list_scenarios:
+        for sc in SCENARIOS.values():
+            print(f"{sc.name:22} {sc.route:13} {sc.rate_rps:5.0f}/s  {sc.slo_spec:15} "
+                  f"{sc.true_stage or '-':14} {sc.lever or '-':22} {sc.description}")  # fmt: skip
+        return 0
+    overrides: dict[str, Any] = parse_assignments(args.assignments)
+    if args.backend is not None:
+        overrides["backend"] = args.backend
+    if args.feature_store is not None:
+        overrides["feature_store"] = args.feature_store
+    settings = settings_for(args.scenario, apply_lever=args.apply_lever, overrides=overrides)
+    if args.list_settings:
+        print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
+        return 0
+    if args.baseline_sample is not None and not 0.0 <= args.baseline_sample <= 1.0:
+        raise UserError(f"--baseline-sample must be within [0, 1], got {args.baseline_sample}")
+    if args.spans_out is not None:
+        from pathlib import Path
+
+        out = Path(args.spans_out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".stagescope-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"{out}: cannot write spans there: {exc.strerror or exc}") from None
+
+    sock = _bind(args.host, args.port)
+    import uvicorn
+
+    from stagescope.service.app import create_app
+
+    app = create_app(
+        settings, spans_dir=args.spans_out, slow_threshold_ms=args.slow_threshold_ms,
+        baseline_sample=args.baseline_sample,
+    )  # fmt: skip
+    host, port = sock.getsockname()[:2]
+    lever = " with its lever applied" if args.apply_lever else ""
+    accel = " (SIMULATED accelerator)" if settings.backend == "simulated" else ""
+    print(
+        f"stagescope serve: scenario {args.scenario}{lever}, backend {settings.backend}{accel}, "
+        f"listening on http://{host}:{port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,219 @@
+"""The feature store the ranker reads before each prediction, and its optional local cache.
+
+* :class:`InProcessFeatureStore`: a table of ``num_entities`` rows held in memory; every read waits
+  a SIMULATED network latency drawn from :class:`LatencyModel` (lognormal, plus a slow path hit with
+  probability ``feature_slow_prob``: compaction, a cross-zone hop).
+* :class:`RedisFeatureStore`: the same table in a real Redis (``--feature-store redis://host:port/db``),
+  seeded at start when missing; reads are real round trips, with the latency model's draw added as
+  injected latency (fault injection, like a network proxy) so scenarios behave the same.
+* :class:`FeatureCache`: a local snapshot of the whole table, bulk-read at start and refreshed in the
+  background every ``feature_cache_refresh_s``; reads that hit it skip the store entirely.
+
+Latencies in seconds unless the name says ``_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from stagescope.errors import UserError
+from stagescope.service.settings import Settings
+
+__all__ = [
+    "FeatureCache",
+    "FeatureStore",
+    "Features",
+    "InProcessFeatureStore",
+    "LatencyModel",
+    "RedisFeatureStore",
+    "make_feature_store",
+]
+
+_KEY_PREFIX = "stagescope:features:"
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Read latency: lognormal(median, sigma), or uniform(slow_min, slow_max) with prob ``slow_prob``."""
+
+    median_ms: float
+    sigma: float
+    slow_prob: float = 0.0
+    slow_min_ms: float = 0.0
+    slow_max_ms: float = 0.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> LatencyModel:
+        return cls(s.feature_latency_ms, s.feature_latency_sigma, s.feature_slow_prob,
+                   s.feature_slow_min_ms, s.feature_slow_max_ms)  # fmt: skip
+
+    def sample_s(self, rng: random.Random) -> float:
+        if self.slow_prob > 0 and rng.random() < self.slow_prob:
+            return rng.uniform(self.slow_min_ms, max(self.slow_min_ms, self.slow_max_ms)) / 1000.0
+        if self.median_ms <= 0:
+            return 0.0
+        return self.median_ms * float(np.exp(rng.gauss(0.0, self.sigma))) / 1000.0
+
+
+def _row(entity: int, dim: int, seed: int) -> np.ndarray:
+    return np.random.default_rng((seed, entity)).normal(0.0, 1.0, dim).astype(np.float32)
+
+
+class FeatureStore(Protocol):
+    async def start(self) -> None: ...
+
+    async def get(self, entity: int) -> np.ndarray: ...
+
+    async def scan(self) -> dict[int, np.ndarray]: ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessFeatureStore:
+    """The feature table in memory behind a SIMULATED network latency."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.latency = LatencyModel.from_settings(settings)
+        self._rng = random.Random(settings.seed + 1)
+        self._table = {e: _row(e, settings.feature_dim, settings.seed) for e in range(settings.num_entities)}
+
+    async def start(self) -> None:
+        return None
+
+    async def get(self, entity: int) -> np.ndarray:
+        await asyncio.sleep(self.latency.sample_s(self._rng))
+        return self._table[entity % self.settings.num_entities]
+
+    async def scan(self) -> dict[int, np.ndarray]:
+        """Bulk read of the whole table (one round trip's latency)."""
+        await asyncio.sleep(self.latency.sample_s(self._rng))
+        return dict(self._table)
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisFeatureStore:
+    """The feature table in a real Redis; the latency model's draw is injected before each read."""
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        try:
+            import redis.asyncio as aioredis
+        except ImportError:  # pragma: no cover - redis is in the service extras
+            raise UserError("--feature-store redis://... needs the 'redis' package (pip install redis)") from None
+        self.settings = settings
+        self.url = url
+        self.latency = LatencyModel.from_settings(settings)
+        self._rng = random.Random(settings.seed + 1)
+        self._client = aioredis.from_url(url)
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            present = await self._client.exists(f"{_KEY_PREFIX}{s.num_entities - 1}")
+            if not present:
+                pipe = self._client.pipeline(transaction=False)
+                for e in range(s.num_entities):
+                    pipe.set(f"{_KEY_PREFIX}{e}", _row(e, s.feature_dim, s.seed).tobytes())
+                await pipe.execute()
+        except OSError as exc:
+            raise UserError(f"feature store {self.url}: cannot reach Redis: {exc}") from None
+        except Exception as exc:  # redis.exceptions.ConnectionError is not an OSError
+            raise UserError(f"feature store {self.url}: {type(exc).__name__}: {exc}") from None
+
+    async def get(self, entity: int) -> np.ndarray:
+        await asyncio.sleep(self.latency.sample_s(self._rng))
+        raw = await self._client.get(f"{_KEY_PREFIX}{entity % self.settings.num_entities}")
+        if raw is None:
+            return np.zeros(self.settings.feature_dim, dtype=np.float32)
+        return np.frombuffer(raw, dtype=np.float32)
+
+    async def scan(self) -> dict[int, np.ndarray]:
+        n = self.settings.num_entities
+        await asyncio.sleep(self.latency.sample_s(self._rng))
+        raws = await self._client.mget([f"{_KEY_PREFIX}{e}" for e in range(n)])
+        return {e: np.frombuffer(r, dtype=np.float32) for e, r in enumerate(raws) if r is not None}
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
+
+
+def make_feature_store(settings: Settings) -> FeatureStore:
+    url = settings.feature_store
+    if url in ("", "memory"):
+        return InProcessFeatureStore(settings)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisFeatureStore(settings, url)
+    raise UserError(f"bad --feature-store {url!r}: expected 'memory' or a redis://host:port/db URL")
+
+
+class FeatureCache:
+    """A local snapshot of the feature table, refreshed in the background (stale by at most refresh_s)."""
+
+    def __init__(self, store: FeatureStore, refresh_s: float) -> None:
+        self.store = store
+        self.refresh_s = refresh_s
+        self._snapshot: dict[int, np.ndarray] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.hits = 0
+        self.misses = 0
+
+    async def start(self) -> None:
+        self._snapshot = await self.store.scan()
+        if self.refresh_s > 0:
+            self._task = asyncio.create_task(self._refresh_loop())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            with contextlib.suppress(Exception):
+                self._snapshot = await self.store.scan()
+
+    def get(self, entity: int) -> np.ndarray | None:
+        row = self._snapshot.get(entity)
+        if row is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return row
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Features:
+    """What the request path calls: the cache when enabled and holding the entity, else the store."""
+
+    def __init__(self, settings: Settings, store: FeatureStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or make_feature_store(settings)
+        self.cache = FeatureCache(self.store, settings.feature_cache_refresh_s) if settings.feature_cache else None
+
+    async def start(self) -> None:
+        await self.store.start()
+        if self.cache is not None:
+            await self.cache.start()
+
+    async def get(self, entity: int) -> np.ndarray:
+        entity %= self.settings.num_entities
+        if self.cache is not None:
+            row = self.cache.get(entity)
+            if row is not None:
+                return row
+        return await self.store.get(entity)
+
+    async def close(self) -> None:
+        if self.cache is not None:
+            await self.cache.close()
+        await self.store.close()

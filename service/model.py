@@ -1,0 +1,162 @@
+"""Model lifecycle (loading, weight refreshes, cold starts), the result cache and CPU preprocessing.
+
+Cold start: a request that finds the model not loaded (the first load, or an in-place reload of
+refreshed weights) waits for it inside the ``cold_start`` stage and is marked ``cold_start``. With
+``prewarm`` the refreshed weights are loaded beside the live model and swapped in, so no request
+ever waits; ``/readyz`` answers 503 whenever the model is not loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import stagescope
+from stagescope import names as N
+from stagescope.service.backends import Backend
+from stagescope.service.settings import Settings
+
+__all__ = ["ModelManager", "ResultCache", "burn_cpu", "hash_fraction", "preprocess"]
+
+_BUF = bytes(range(256)) * 256  # 64 KiB: hashlib releases the GIL for inputs this large
+
+
+def hash_fraction(input_hash: str, salt: str) -> float:
+    """A number in [0, 1) fixed by the input hash: which inputs are heavy, or get large answers."""
+    d = hashlib.blake2b(f"{salt}:{input_hash}".encode(), digest_size=8).digest()
+    return int.from_bytes(d, "big") / 2**64
+
+
+def burn_cpu(cpu_ms: float) -> None:
+    """Spend ``cpu_ms`` milliseconds of this thread's CPU time hashing (GIL released while hashing)."""
+    if cpu_ms <= 0:
+        return
+    end = time.thread_time() + cpu_ms / 1000.0
+    while time.thread_time() < end:
+        hashlib.sha256(_BUF).digest()
+
+
+def preprocess(features: np.ndarray, inputs: list[float], cpu_ms: float) -> np.ndarray:
+    """Model input: features, then the standardized request inputs (after ``cpu_ms`` of CPU work,
+    standing in for decoding and resizing a real payload)."""
+    burn_cpu(cpu_ms)
+    dim = features.size
+    x = np.zeros(2 * dim, dtype=np.float32)
+    x[:dim] = features
+    if inputs:
+        v = np.asarray(inputs[:dim], dtype=np.float32)
+        sd = float(v.std()) or 1.0
+        x[dim : dim + v.size] = (v - float(v.mean())) / sd
+    return x
+
+
+class ResultCache:
+    """LRU cache of model outputs keyed by input hash."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._d: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> np.ndarray | None:
+        v = self._d.get(key)
+        if v is None:
+            self.misses += 1
+            return None
+        self._d.move_to_end(key)
+        self.hits += 1
+        return v
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        self._d[key] = value
+        self._d.move_to_end(key)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+
+class ModelManager:
+    """Loads the model at start, refreshes it every ``model_reload_every_s`` (from the first request)."""
+
+    def __init__(self, settings: Settings, backend: Backend, instrumentation: Any = None) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._metrics = getattr(instrumentation, "metrics", None)
+        self._ready: asyncio.Event | None = None
+        self._traffic: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.loads = 0
+        self.on_ready_change: Callable[[bool], None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready is not None and self._ready.is_set()
+
+    def _set_ready(self, ready: bool) -> None:
+        assert self._ready is not None
+        if ready:
+            self._ready.set()
+        else:
+            self._ready.clear()
+        if self._metrics is not None:
+            for model in (self.settings.model_name, self.settings.llm_model_name):
+                self._metrics.set_model_ready(model, ready)
+
+    async def _load(self) -> None:
+        await self.backend.load()
+        self.loads += 1
+        if self._metrics is not None:
+            self._metrics.model_loaded(self.settings.model_name)
+
+    async def start(self) -> None:
+        """Begin the first load in the background (the server answers /readyz 503 meanwhile)."""
+        self._ready = asyncio.Event()
+        self._traffic = asyncio.Event()
+        self._set_ready(False)
+        self._tasks.append(asyncio.create_task(self._run(), name="model-lifecycle"))
+
+    async def _run(self) -> None:
+        await self._load()
+        self._set_ready(True)
+        every = self.settings.model_reload_every_s
+        if every <= 0:
+            return
+        assert self._traffic is not None
+        await self._traffic.wait()
+        while True:
+            await asyncio.sleep(every)
+            if self.settings.prewarm:
+                await self._load()  # beside the live model; the swap is instant
+            else:
+                self._set_ready(False)
+                await self._load()
+                self._set_ready(True)
+
+    def note_request(self) -> None:
+        if self._traffic is not None and not self._traffic.is_set():
+            self._traffic.set()
+
+    async def wait_ready(self) -> None:
+        """Return once the model is loaded; a request that had to wait is marked cold_start."""
+        if self.ready:
+            return
+        assert self._ready is not None
+        rec = stagescope.current_request()
+        if rec is not None:
+            rec.cold_start = True
+        async with stagescope.stage(N.STAGE_COLD_START):
+            await self._ready.wait()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()

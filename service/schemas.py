@@ -1,0 +1,94 @@
+"""Request bodies of the reference service, and how bad ones are answered.
+
+Bodies are read with a size limit (``max_body_bytes``: 413 past it), parsed and validated with
+pydantic: invalid JSON is a 400, a well-formed body of the wrong shape or types a 422. Error answers
+name the offending field and the rule it broke, never echo the submitted values (a prompt must not
+travel into logs through an error message).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["BadRequest", "GenerateRequest", "PredictRequest", "parse_body", "read_body"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    """A 4xx answer: ``status`` and a JSON-able ``detail``."""
+
+    def __init__(self, status: int, error: str, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.details = details or []
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.error}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+class PredictRequest(BaseModel):
+    """``POST /v1/predict``: the model input, and optionally which entity's features to read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: list[float] = Field(default_factory=list, max_length=4096)
+    entity_id: int | None = Field(default=None, ge=0)
+
+
+class GenerateRequest(BaseModel):
+    """``POST /v1/generate``: prompt text (one token per whitespace-separated word)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = True
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or :class:`BadRequest` 413 as soon as it exceeds ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise BadRequest(413, f"request body larger than {limit} bytes")
+        except ValueError:
+            raise BadRequest(400, "bad Content-Length header") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(model: type[M], raw: bytes) -> M:
+    """Validate ``raw`` JSON against ``model``: 400 for invalid JSON, 422 for a wrong shape or type."""
+    if not raw.strip():
+        raise BadRequest(400, "empty request body: expected a JSON object")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False, include_url=False)
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return _raise_json(errors)
+        details = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())) or "(body)", "error": str(e.get("msg", ""))}
+            for e in errors
+        ]
+        raise BadRequest(422, "invalid request body", details) from None
+
+
+def _raise_json(errors: list[Any]) -> Any:
+    msg = next((str(e.get("msg")) for e in errors if e.get("type") == "json_invalid"), "invalid JSON")
+    raise BadRequest(400, f"request body is not valid JSON ({msg})")

@@ -1,0 +1,177 @@
+"""Every knob of the reference inference service, in one dataclass.
+
+Units are in the field names: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_bytes_per_s`` bytes per
+second. Scenarios (:mod:`stagescope.service.scenarios`) are sets of overrides of these fields; the
+command line adds ``--set key=value``.
+
+The latency model of the SIMULATED accelerator (see :mod:`stagescope.service.backends`):
+
+* a ``/v1/predict`` batch of ``n`` items, each needing ``k`` work units (``items_per_request``, or
+  ``heavy_items`` for the ``heavy_share`` of inputs chosen by input hash), takes
+  ``launch_ms + per_item_ms * scale * sum(k)`` of device time, ``scale`` = 0.5 when ``quantize``;
+* ``executors`` model instances run batches concurrently on ``devices`` simulated devices
+  (instance ``i`` on device ``i % devices``); a device shared by several running batches splits its
+  time equally between them (processor sharing), so ``executors > devices`` stretches compute;
+* an LLM engine step takes ``decode_step_ms + decode_per_seq_ms * running_decodes`` plus, when it
+  prefills, ``prefill_launch_ms + prefill_per_token_ms * prefill_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from stagescope.errors import UserError
+
+__all__ = ["BACKENDS", "Settings", "apply_overrides", "parse_assignments"]
+
+BACKENDS = ("simulated", "numpy", "torch")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings of one service instance (frozen: derive new ones with :func:`apply_overrides`)."""
+
+    # identity
+    service_name: str = "stagescope-reference-service"
+    model_name: str = "ranker-sim"
+    llm_model_name: str = "llm-sim"
+    backend: str = "simulated"  # simulated | numpy | torch
+    seed: int = 0
+
+    # feature store: in-process (simulated latency) or Redis (real round trip + injected latency)
+    feature_store: str = "memory"  # "memory" or a redis:// URL
+    feature_latency_ms: float = 4.0  # median of the lognormal read latency
+    feature_latency_sigma: float = 0.3  # lognormal shape (dimensionless)
+    feature_slow_prob: float = 0.0  # share of reads that hit the slow path (compaction, cross-zone)
+    feature_slow_min_ms: float = 300.0
+    feature_slow_max_ms: float = 600.0
+    feature_cache: bool = False  # local snapshot of the feature table, refreshed in the background
+    feature_cache_refresh_s: float = 30.0
+    num_entities: int = 1000
+    feature_dim: int = 16
+
+    # preprocessing (real CPU work, GIL-free, on a pool of threads)
+    preprocess_cpu_ms: float = 0.3  # CPU milliseconds per request
+    preprocess_workers: int = 4  # threads running preprocessing; 1 serializes it
+
+    # dynamic batching and the accelerator
+    max_batch_size: int = 16
+    max_batch_wait_ms: float = 5.0
+    max_queue: int = 512  # waiting items before 429
+    executors: int = 1  # model instances running batches concurrently
+    devices: int = 1  # simulated devices the instances share
+    launch_ms: float = 6.0  # fixed cost of one batch
+    per_item_ms: float = 1.0  # cost of one work unit
+    items_per_request: int = 1  # work units of a normal input
+    heavy_share: float = 0.0  # share of inputs (by hash) needing heavy_items work units
+    heavy_items: int = 48
+    quantize: bool = False  # int8 weights: per-unit cost halved
+    result_cache: bool = False  # cache results by input hash
+    result_cache_size: int = 4096
+    model_dim: int = 256  # numpy/torch backends: hidden width of the real model
+
+    # model lifecycle
+    model_load_s: float = 0.3  # time one model load takes
+    model_reload_every_s: float = 0.0  # weight refresh period (0: never), counted from the first request
+    prewarm: bool = True  # load a refreshed model beside the live one and swap (no wait on traffic)
+
+    # response
+    response_dim: int = 8  # floats in a normal response
+    large_response_share: float = 0.0  # share of inputs (by hash) answered with a large response
+    large_response_dim: int = 64000
+    egress_bytes_per_s: float = 0.0  # SIMULATED client link bandwidth; 0 = unlimited
+
+    # LLM engine (continuous batching)
+    prefill_launch_ms: float = 4.0
+    prefill_per_token_ms: float = 0.05
+    decode_step_ms: float = 8.0
+    decode_per_seq_ms: float = 0.3
+    max_running: int = 64  # running sequences (prefilling + decoding)
+    max_waiting: int = 512  # sequences waiting for admission before 429
+    chunked_prefill: bool = False
+    prefill_chunk_tokens: int = 256  # per sequence per step when chunked
+    default_max_tokens: int = 32
+    max_prompt_tokens: int = 32768
+    max_new_tokens: int = 4096
+
+    # HTTP
+    max_body_bytes: int = 1_048_576
+
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
+        for name in ("max_batch_size", "executors", "devices", "max_queue", "max_running", "max_waiting",
+                     "preprocess_workers", "num_entities", "feature_dim", "items_per_request",
+                     "heavy_items", "prefill_chunk_tokens", "max_body_bytes", "response_dim",
+                     "large_response_dim", "result_cache_size", "model_dim"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise UserError(f"setting {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("feature_slow_prob", "heavy_share", "large_response_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UserError(f"setting {name} must be within [0, 1], got {getattr(self, name)}")
+        for f in fields(self):
+            if f.name.endswith(("_ms", "_s", "_bytes_per_s")) and getattr(self, f.name) < 0:
+                raise UserError(f"setting {f.name} must be >= 0, got {getattr(self, f.name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in fields(Settings) if f.name != "extra"}
+
+
+def _coerce(name: str, typ: Any, value: Any) -> Any:
+    if isinstance(typ, types.UnionType):  # not used today; keep str as the fallback
+        typ = str
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise UserError(f"setting {name}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise UserError(f"setting {name}: expected an integer, got {value!r}")
+        try:
+            return int(str(value).replace("_", "")) if not isinstance(value, int) else value
+        except ValueError:
+            raise UserError(f"setting {name}: expected an integer, got {value!r}") from None
+    if typ is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"setting {name}: expected a number, got {value!r}") from None
+    return str(value)
+
+
+def apply_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:
+    """A copy of ``settings`` with ``overrides`` applied (values may be strings, as from ``--set``)."""
+    known = _field_types()
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values = {k: _coerce(k, known[k], v) for k, v in overrides.items()}
+    return dataclasses.replace(settings, **values)
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, str]:
+    """``["max_batch_size=8", ...]`` -> ``{"max_batch_size": "8"}``; a malformed item is a UserError."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"bad --set {item!r}: expected key=value (e.g. max_batch_size=8)")
+        out[key.strip()] = value.strip()
+    return out
