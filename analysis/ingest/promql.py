@@ -1,0 +1,137 @@
+"""A live Prometheus -> ``metric_samples``: range queries over the incident window (HTTP API, httpx).
+
+What is queried (names from :mod:`stagescope.names`): queue depth and in-flight gauges (stagescope,
+vLLM waiting/running, Triton pending), accelerator utilization (dcgm-exporter, Triton), vLLM KV-cache
+usage, the mean executed batch size (``rate(_sum)/rate(_count)`` of ``stagescope_batch_size``, stored
+as ``stagescope_batch_size:mean``), and the raw cumulative counters the per-request breakdown helpers
+of :mod:`~stagescope.analysis.ingest.counters` turn into rates (Triton queue/compute microseconds and
+request counts, vLLM stage-histogram ``_sum``/``_count``). Each series becomes rows with its labels
+(``__name__`` dropped), ``ts_ms`` in Unix milliseconds and ``source`` the Prometheus URL.
+
+Window: ``window`` (Unix ns) if given, else the span of the ingested requests, else the last hour.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from stagescope import names as N
+from stagescope.analysis.ingest.prom import Sample, insert_samples
+from stagescope.analysis.ingest.traces import FileSummary
+from stagescope.errors import UserError
+
+if TYPE_CHECKING:
+    from stagescope.analysis.ingest import Dataset
+
+__all__ = ["BATCH_SIZE_MEAN", "RAW_METRICS", "default_step_s", "load_prometheus", "query_range"]
+
+#: Gauges and cumulative counters read as they are.
+RAW_METRICS: tuple[str, ...] = (
+    N.METRIC_QUEUE_DEPTH,
+    N.METRIC_INFLIGHT,
+    N.VLLM_NUM_WAITING,
+    N.VLLM_NUM_RUNNING,
+    N.VLLM_KV_CACHE_USAGE,
+    N.TRITON_PENDING,
+    N.DCGM_GPU_UTIL,
+    N.TRITON_GPU_UTILIZATION,
+    N.TRITON_REQUEST_SUCCESS,
+    N.TRITON_REQUEST_DURATION_US,
+    N.TRITON_QUEUE_DURATION_US,
+    N.TRITON_COMPUTE_INPUT_US,
+    N.TRITON_COMPUTE_INFER_US,
+    N.TRITON_COMPUTE_OUTPUT_US,
+    *(
+        f"{h}_{part}"
+        for h in (N.VLLM_QUEUE_TIME, N.VLLM_PREFILL_TIME, N.VLLM_DECODE_TIME)
+        for part in ("sum", "count")
+    ),
+)
+BATCH_SIZE_MEAN = f"{N.METRIC_BATCH_SIZE}:mean"
+
+
+def default_step_s(start_s: float, end_s: float) -> float:
+    """At most ~1,000 points per series, at least one per second."""
+    return max(1.0, math.ceil((end_s - start_s) / 1000))
+
+
+def query_range(
+    url: str, query: str, start_s: float, end_s: float, step_s: float, *, timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """``/api/v1/query_range`` -> the ``result`` list (matrix); raises UserError on any failure."""
+    import httpx
+
+    endpoint = url.rstrip("/") + "/api/v1/query_range"
+    params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}", "step": f"{step_s:g}"}
+    try:
+        resp = httpx.get(endpoint, params=params, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UserError(f"{url}: cannot query Prometheus ({type(exc).__name__}: {exc})") from None
+    try:
+        body = resp.json()
+    except ValueError:
+        raise UserError(f"{url}: HTTP {resp.status_code}, not a Prometheus API answer") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        err = body.get("error", f"HTTP {resp.status_code}") if isinstance(body, dict) else "bad answer"
+        raise UserError(f"{url}: query {query!r} failed: {err}")
+    data = body.get("data") or {}
+    if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise UserError(f"{url}: query {query!r}: expected a matrix result, got {data.get('resultType')!r}")
+    return list(data["result"])
+
+
+def _samples(result: list[dict[str, Any]], metric: str | None) -> list[Sample]:
+    out: list[Sample] = []
+    for series in result:
+        labels = {str(k): str(v) for k, v in (series.get("metric") or {}).items()}
+        name = metric or labels.get("__name__", "")
+        labels.pop("__name__", None)
+        for ts, raw in series.get("values") or []:
+            v = float(raw)
+            out.append((name, labels, None if math.isnan(v) else v, round(float(ts) * 1000)))
+    return out
+
+
+def _window_s(ds: Dataset, window: tuple[int, int] | None) -> tuple[float, float]:
+    if window is not None:
+        return window[0] / 1e9, window[1] / 1e9
+    row = ds.con.execute(
+        "SELECT min(start_unix_ns), max(start_unix_ns + CAST(duration_ms * 1e6 AS BIGINT)) FROM requests"
+    ).fetchall()
+    if row and row[0][0] is not None:
+        return row[0][0] / 1e9, row[0][1] / 1e9
+    now = time.time()
+    return now - 3600, now
+
+
+def load_prometheus(
+    ds: Dataset,
+    url: str,
+    window: tuple[int, int] | None,
+    *,
+    step_s: float | None = None,
+    metrics: Sequence[str] = RAW_METRICS,
+) -> int:
+    """Range-query ``url`` and append to ``metric_samples``; returns the number of samples."""
+    start, end = _window_s(ds, window)
+    if end <= start:
+        raise UserError(f"{url}: empty time window ({start} .. {end})")
+    step = step_s or default_step_s(start, end)
+    total = 0
+    for metric in metrics:
+        total += insert_samples(ds, _samples(query_range(url, metric, start, end, step), None), url)
+    w = "5m" if step < 300 else f"{int(step)}s"
+    bs = (
+        f"sum by (model) (rate({N.METRIC_BATCH_SIZE}_sum[{w}])) / "
+        f"sum by (model) (rate({N.METRIC_BATCH_SIZE}_count[{w}]))"
+    )
+    total += insert_samples(ds, _samples(query_range(url, bs, start, end, step), BATCH_SIZE_MEAN), url)
+    ds.files.append(FileSummary(url, "prometheus", samples=total))
+    if total == 0:
+        ds.warnings.append(
+            f"{url}: no samples of the queried metrics between {start:.0f} and {end:.0f} (Unix s)"
+        )
+    return total
