@@ -14,6 +14,7 @@ a restart from zero (as PromQL's ``increase`` does). Results are in **millisecon
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 from typing import Any
 
 import duckdb
@@ -47,7 +48,7 @@ def _increase(points: list[tuple[int | None, float | None]]) -> float | None:
     if len(timed) < 2:
         return max(v for _, v in vals)  # a snapshot: cumulative since start
     inc = 0.0
-    for (_, a), (_, b) in zip(timed, timed[1:], strict=False):
+    for (_, a), (_, b) in pairwise(timed):
         inc += b - a if b >= a else b
     return inc
 
