@@ -39,13 +39,16 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
-from stagescope.analysis.breach import SLIView
+from stagescope.analysis.breach import SLIView, sql_str
 
 __all__ = ["LEVER_SPEEDUP", "batch_wait_cap_ms", "lever_prediction", "stage_counterfactuals"]
 
 #: Assumed compute speed-up factor of per-request-cost levers (new time = factor * old time).
 LEVER_SPEEDUP: dict[str, float] = {N.LEVER_QUANTIZE: 0.5, N.LEVER_COMPILE_RUNTIME: 0.7}
+#: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
+CHUNK_TOKENS = 256
 _CAP_TO_BASELINE: dict[str, str] = {
     N.LEVER_CACHE_FEATURES: N.STAGE_FEATURE_FETCH,
     N.LEVER_OFFLOAD_PREPROCESSING: N.STAGE_PREPROCESS,
@@ -107,11 +110,105 @@ def batch_wait_cap_ms(ev: dict[str, Any]) -> float:
     return round(min(10.0, max(1.0, 0.25 * float(comp))), 1)
 
 
-def _rho(ev: dict[str, Any], attr: Attribution) -> float:
+def _rho(ev: dict[str, Any]) -> float:
     util = ev.get("utilization_pct")
     if util is not None:
         return min(0.95, max(0.05, float(util) / 100.0))
     return 0.5
+
+
+def _with_requests(cols: str) -> str:
+    """``ss_breakdown`` joined with per-request attributes ``cols`` (one row per trace)."""
+    return (
+        f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, {cols} FROM requests GROUP BY trace_id) USING (trace_id)"
+    )
+
+
+def executor_model(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> dict[str, float] | None:
+    """The executor as a queue: current executors (most batches computing at once), service time per
+    request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
+    comp = attr.columns.get(N.STAGE_COMPUTE)
+    if comp is None:
+        return None
+    row = con.execute(
+        f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
+                       SEMI JOIN ss_req r USING (trace_id) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
+             ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
+             conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
+        SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
+               (SELECT max(k) FROM conc), (SELECT count(*) FROM ss_req WHERE trace_id IN
+                                           (SELECT trace_id FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
+    ).fetchone()
+    if row is None or not row[0] or not row[4]:
+        return None
+    busy_ms, mean_b, var_b, conc, served = row
+    arr = Q.arrivals(con, view.name)
+    return {
+        "executors": float(max(1, int(conc or 1))),
+        "service_ms": float(busy_ms) / float(served),
+        "cs2": float(var_b) / float(mean_b) ** 2 if mean_b else 1.0,
+        "lam_per_s": arr.rate_per_s,
+        "ca2": arr.ca2,
+    }
+
+
+def _scale_out(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
+    m = executor_model(con, view, attr)
+    if m is None or m["lam_per_s"] <= 0:
+        return None
+    c2 = int(2 * m["executors"])
+    model = Q.QueueModel(c2, 1000.0 / m["service_ms"], m["lam_per_s"], m["ca2"], m["cs2"])
+    if model.utilization >= 0.999:
+        return None
+    wait = model.wait_ms_sql(Q.uniform_rank_sql())
+    pred = _q(con, BREAKDOWN, f"value_ms - {col} + {wait}", view.slo.quantile)
+    return pred, (
+        f"executors {m['executors']:.0f} -> {c2}: queue wait of a G/G/{c2} queue (Allen-Cunneen) at "
+        f"{m['lam_per_s']:.1f} req/s, {m['service_ms']:.1f} ms of executor time per request "
+        f"(utilization {model.utilization:.0%}, {model.p_wait:.1%} of requests wait)"
+    )
+
+
+def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) -> tuple[float | None, str] | None:
+    row = con.execute(f"SELECT quantile_cont({col}, 0.05) FROM {BREAKDOWN}").fetchone()
+    arr = Q.arrivals(con, view.name)
+    if row is None or row[0] is None or arr.rate_per_s <= 0:
+        return None
+    service_ms = max(float(row[0]), 1e-3)
+    a = arr.rate_per_s * service_ms / 1000.0
+    k = Q.servers_for(a, view.slo.error_budget, start=2)
+    model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
+    wait = model.wait_ms_sql(Q.uniform_rank_sql())
+    pred = _q(con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile)
+    return pred, (
+        f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {k} workers, "
+        f"the smallest with under {view.slo.error_budget:.1%} of requests waiting at {arr.rate_per_s:.1f} req/s"
+    )
+
+
+def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str) -> tuple[float | None, str]:
+    cap = batch_wait_cap_ms(ev)
+    comp = attr.columns.get(N.STAGE_COMPUTE)
+    arr = Q.arrivals(con, view.name)
+    slope = None
+    if comp is not None:
+        row = con.execute(
+            f"SELECT regr_slope(coalesce({comp}, 0), batch) FROM {_with_requests('any_value(batch_size) AS batch')}"
+        ).fetchone()
+        slope = row[0] if row and row[0] is not None and row[0] > 0 else None
+    new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
+    shrink = "0"
+    note = ""
+    if slope is not None and comp is not None:
+        shrink = f"least(coalesce({comp}, 0), {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
+        note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
+    pred = _q(
+        con,
+        _with_requests("any_value(batch_size) AS batch"),
+        f"value_ms - greatest({col} - {cap!r}, 0) - {shrink}",
+        view.slo.quantile,
+    )
+    return pred, f"batch wait capped at {cap:g} ms{note}"
 
 
 def lever_prediction(
@@ -122,6 +219,18 @@ def lever_prediction(
     if not view.per_request:  # inter-token gaps
         return _gap_prediction(con, view, ev, lever)
     col = _col(attr, stage)
+    if lever == N.LEVER_SCALE_OUT and col is not None:
+        got = _scale_out(con, view, attr, col)
+        if got is not None:
+            return got
+    if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and stage == N.STAGE_PREPROCESS:
+        got = _offload(con, view, col)
+        if got is not None:
+            return got
+    if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
+        got = _chunked_prefill(con, view, col)
+        if got is not None:
+            return got
     if lever in _CAP_TO_BASELINE and col is not None:
         cap = _base_q(ev, stage)
         return (
@@ -129,18 +238,24 @@ def lever_prediction(
             f"{stage} capped at its baseline p{q * 100:g} ({cap:.1f} ms)",
         )
     if lever == N.LEVER_PREWARM and col is not None:
-        return _q(con, BREAKDOWN, f"value_ms - {col}", q), "cold-start time removed"
-    if lever == N.LEVER_CAP_BATCH_WAIT and col is not None:
-        cap = batch_wait_cap_ms(ev)
-        return (
-            _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q),
-            f"batch wait capped at {cap:g} ms",
+        waits = [c for c in (_col(attr, s) for s in (N.STAGE_QUEUE, N.STAGE_BATCH_WAIT)) if c]
+        caps = " + ".join(
+            f"greatest({c} - {_base_q(ev, s)!r}, 0)"
+            for c, s in zip(waits, [s for s in (N.STAGE_QUEUE, N.STAGE_BATCH_WAIT) if _col(attr, s)], strict=True)
         )
+        backlog = f" - CASE WHEN {col} > 0 OR coalesce(cold, false) THEN {caps} ELSE 0 END" if caps else ""
+        return (
+            _q(con, _with_requests("bool_or(cold_start) AS cold"), f"value_ms - {col}{backlog}", q),
+            "cold-start time removed, and the backlog it caused (queue and batch wait of the requests that "
+            "waited for the load, capped at their baseline)",
+        )
+    if lever == N.LEVER_CAP_BATCH_WAIT and col is not None:
+        return _cap_batch_wait(con, view, attr, ev, col)
     if lever in LEVER_SPEEDUP:
         f = LEVER_SPEEDUP[lever]
         comp = _col(attr, N.STAGE_COMPUTE) or "0"
         queue = _col(attr, N.STAGE_QUEUE) or "0"
-        rho = _rho(ev, attr)
+        rho = _rho(ev)
         rho2 = rho * f
         qf = (rho2 / (1 - rho2)) / (rho / (1 - rho))
         return (
@@ -173,16 +288,54 @@ def lever_prediction(
 
 def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str) -> tuple[float | None, str]:
     q = view.slo.quantile
-    src = f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r USING (trace_id)"
+    src = (
+        f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
+        "USING (trace_id)"
+    )
     if lever == N.LEVER_SPECULATIVE_DECODING:
         return _q(con, view.name, "value_ms * 0.5", q), "decode gaps halved (speculative decoding, typical 2x)"
-    row = con.execute(f"SELECT regr_slope(value_ms, running), count(running) FROM {src}").fetchone()
-    slope = row[0] if row else None
-    cap = ev.get("batch_size_baseline")
-    if slope is not None and cap is not None and row is not None and row[1] > 0 and slope > 0:
+    row = con.execute(
+        f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
+    ).fetchone()
+    if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
+        slope, icpt = float(row[0]), float(row[1])
+        cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
         return (
-            _q(con, src, f"value_ms - {float(slope)!r} * greatest(coalesce(running, 0) - {float(cap)!r}, 0)", q),
-            f"running decode batch capped at {float(cap):.0f} (baseline mean); gaps fall by {float(slope):.2f} ms per stream removed",
+            _q(con, src, f"value_ms - {slope!r} * greatest(coalesce(running, 0) - {cap!r}, 0)", q),
+            f"running decode batch capped at {cap:.0f} streams, where the fitted step "
+            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold",
         )
     base = _q(con, view.name, "value_ms", 0.5)
-    return None if base is None else _q(con, view.name, f"least(value_ms, {base * 1.5!r})", q), "slow gaps capped at 1.5x the median gap"
+    if base is None:
+        return None, "no gaps"
+    return _q(con, view.name, f"least(value_ms, {base * 1.5!r})", q), "slow gaps capped at 1.5x the median gap"
+
+
+def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) -> tuple[float | None, str] | None:
+    """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
+    behind a long prefill for more than one chunked step. Intrinsic prefill of a request = the p10 of
+    the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
+    cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
+    src = _with_requests("any_value(input_tokens) AS tokens, any_value(itl_mean_ms) AS itl")
+    row = con.execute(
+        f"""WITH b AS (SELECT floor(log2(greatest(tokens, 1))) AS k, avg(tokens) AS t,
+                              quantile_cont({col}, 0.1) AS p FROM {src} WHERE tokens IS NOT NULL GROUP BY 1)
+            SELECT regr_slope(p, t), (SELECT median(itl) FROM {src}), count(*) FROM b"""
+    ).fetchone()
+    if row is None or row[2] is None or row[2] < 2 or row[0] is None or row[0] <= 0:
+        return None
+    per_token, gap = float(row[0]), float(row[1] or 0.0)
+    step = gap + CHUNK_TOKENS * per_token
+    pred = _q(
+        con,
+        f"""{src} LEFT JOIN (SELECT floor(log2(greatest(tokens, 1))) AS k, quantile_cont({col}, 0.1) AS intrinsic
+                              FROM {src} WHERE tokens IS NOT NULL GROUP BY 1) USING (k)""".replace(
+            f"{src} LEFT JOIN", f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src}) LEFT JOIN", 1
+        ),
+        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + {step!r})",
+        view.slo.quantile,
+    )
+    return pred, (
+        f"prefill waits at most one chunked step ({step:.1f} ms: a {gap:.1f} ms decode step plus "
+        f"{CHUNK_TOKENS} prompt tokens at {per_token:.3f} ms each); a long prompt's own prefill unchanged"
+    )

@@ -194,15 +194,20 @@ def _generate_llm(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s
     t = np.sort(rng.uniform(0, dur_s, n))
     prompt = np.clip(_ln(rng, 500, 0.5, n), 16, 4000).astype(int)
     out = np.clip(_ln(rng, 40, 0.4, n), 4, 160).astype(int)
-    if sc.name == "llm-long-prompts":
-        m = rng.random(n) < 0.10
-        prompt[m] = rng.integers(5000, 9000, int(m.sum()))
+    long_idx = np.array([], dtype=int)
+    if sc.name == "llm-long-prompts":  # 1 in 40 prompts is long; its prefill holds the engine
+        long_idx = np.arange(20, n, 40)
+        prompt[long_idx] = rng.integers(7000, 9000, len(long_idx))
     running = np.full(n, 8.0) + rng.integers(-2, 3, n)
     if sc.name == "llm-decode-heavy":  # busy periods: the running decode batch grows to ~96 streams
         busy = ((t / dur_s * 5) % 1.0) < 0.4
         running[busy] = rng.integers(88, 104, int(busy.sum()))
     queue = rng.exponential(5, n)
     prefill = 15 + 0.12 * prompt * np.exp(rng.normal(0, 0.05, n))
+    for i in long_idx:  # requests arriving while a long prefill runs wait for it (head-of-line blocking)
+        busy_until = t[i] + (queue[i] + prefill[i]) / 1000
+        blocked = (t > t[i]) & (t < busy_until)
+        prefill[blocked] += (busy_until - t[blocked]) * 1000
     start_ns = t0 + (t * 1e9).astype(np.int64)
     gap_owner, gap_ms = [], []
     decode = np.zeros(n)
