@@ -59,8 +59,16 @@ class Attribution:
 
 
 def stage_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Stage name -> safe column name, known stages first in vocabulary order, then any others."""
-    found = [r[0] for r in con.execute("SELECT DISTINCT stage FROM stages WHERE stage IS NOT NULL").fetchall()]
+    """Stage name -> safe column name, known stages first in vocabulary order, then any others.
+
+    ``network`` is left out: it lies outside the server-side interval and is computed per request
+    from the client and server durations instead."""
+    found = [
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT stage FROM stages WHERE stage IS NOT NULL AND stage <> {sql_str(STAGE_NETWORK)}"
+        ).fetchall()
+    ]
     ordered = [s for s in STAGES if s in found] + sorted(s for s in found if s not in STAGES)
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
@@ -79,7 +87,8 @@ def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, 
     iv = f"""SELECT s.trace_id, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a,
                     least(s.end_unix_ns, r.t1) AS b, r.t1 - r.t0 AS span
              FROM stages s JOIN ss_req r USING (trace_id)
-             WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0)"""
+             WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0)
+               AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
