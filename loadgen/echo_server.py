@@ -16,10 +16,13 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["EchoProtocol", "StallClock", "main", "serve"]
+__all__ = ["EchoProtocol", "StallClock", "main", "serve", "spawn"]
 
 
 class StallClock:
@@ -153,6 +156,29 @@ async def serve(
         ready.set_result(bound)
     async with server:
         await server.serve_forever()
+
+
+@contextmanager
+def spawn(*args: str) -> Iterator[str]:
+    """Run the endpoint in a child process (options as on the command line); yields its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stagescope.loadgen.echo_server", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"echo server did not start: {line!r}")
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,156 @@
+"""Load generator against a real local HTTP endpoint (stagescope.loadgen.echo_server, its own process).
+
+Short, low-rate runs: these check what is recorded and how, not the timing figures (those are in
+benchmarks/loadgen.py; the machine is shared)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from stagescope.errors import UserError
+from stagescope.loadgen import RESULTS_SCHEMA, build_schedule, read_trace, run_load, synthetic_schedule
+from stagescope.loadgen.echo_server import spawn
+from stagescope.loadgen.schedule import Schedule
+
+AZURE_CONV = Path(__file__).resolve().parents[1] / "external" / "llm_traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spans(directory: Path) -> list[dict]:
+    out = []
+    for f in sorted(directory.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    out.extend(ss["spans"])
+    return out
+
+
+def test_predict_run_writes_pinned_results_and_client_spans(tmp_path: Path) -> None:
+    out, spans_dir = tmp_path / "results.parquet", tmp_path / "spans"
+    schedule = synthetic_schedule(100.0, 1.5, "poisson", seed=2)
+    with spawn("--delay-ms", "2") as url:
+        run = asyncio.run(run_load(url, schedule, route="/v1/predict", out=out, spans_dir=spans_dir, repeat_share=0.3))
+    table = pq.read_table(out)
+    assert table.schema.equals(RESULTS_SCHEMA)
+    rows = table.to_pylist()
+    assert len(rows) == len(schedule) == run.summary.sent == run.summary.ok
+    assert [r["request_id"] for r in rows] == list(range(len(schedule)))
+    intended = np.array([r["intended_unix_ns"] for r in rows])
+    assert np.allclose(np.diff(intended) / 1e9, np.diff(schedule.offsets_s), atol=1e-6)
+    for r in rows:
+        assert r["status"] == 200 and r["error"] is None and r["route"] == "/v1/predict"
+        assert len(r["trace_id"]) == 32 and r["trace_id"] == r["trace_id"].lower()
+        assert r["intended_unix_ns"] <= r["sent_unix_ns"] <= r["first_byte_unix_ns"] <= r["end_unix_ns"]
+        assert r["latency_ms"] == pytest.approx((r["end_unix_ns"] - r["intended_unix_ns"]) / 1e6)
+        assert r["naive_latency_ms"] == pytest.approx((r["end_unix_ns"] - r["sent_unix_ns"]) / 1e6)
+        assert r["naive_latency_ms"] >= 2.0  # the endpoint's delay
+        assert r["ttft_ms"] is None and r["n_tokens"] is None and r["input_hash"]
+    assert len({r["input_hash"] for r in rows}) < len(rows)  # --repeat-share repeats inputs
+    spans = _spans(spans_dir)
+    assert run.spans_written == len(spans) == len(rows)
+    by_trace = {s["traceId"]: s for s in spans}
+    for r in rows:
+        s = by_trace[r["trace_id"]]
+        assert s["kind"] == 3 and s["name"] == "POST /v1/predict"
+        attrs = {a["key"]: a["value"] for a in s["attributes"]}
+        assert attrs["stagescope.client"] == {"boolValue": True}
+        assert int(s["startTimeUnixNano"]) == r["sent_unix_ns"] and int(s["endTimeUnixNano"]) == r["end_unix_ns"]
+
+
+def test_generate_stream_is_read_token_by_token(tmp_path: Path) -> None:
+    f = tmp_path / "trace.csv"
+    f.write_text("offset_s,prompt_tokens,output_tokens\n0,50,5\n0.05,60,8\n0.1,70,3\n")
+    with spawn("--token-ms", "10") as url:
+        run = asyncio.run(run_load(url, read_trace(f), out=tmp_path / "r.parquet"))
+    rows = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert [r["route"] for r in rows] == ["/v1/generate"] * 3
+    assert [r["n_tokens"] for r in rows] == [5, 8, 3] == [r["output_tokens"] for r in rows]
+    assert [r["prompt_tokens"] for r in rows] == [50, 60, 70]
+    for r in rows:
+        assert r["ttft_ms"] is not None and r["ttft_naive_ms"] <= r["ttft_ms"] < r["latency_ms"]
+        assert 8.0 <= r["itl_mean_ms"] <= r["itl_max_ms"] and r["itl_p99_ms"] <= r["itl_max_ms"]
+    assert run.summary.ttft_ms["p50"] is not None
+
+
+def test_concurrency_cap_measures_held_requests_from_intended_time(tmp_path: Path) -> None:
+    schedule = Schedule(np.arange(10) * 0.01, duration_s=0.1)  # 10 requests in 0.1 s
+    with spawn("--delay-ms", "30") as url:
+        run = asyncio.run(run_load(url, schedule, route="/v1/predict", concurrency_cap=1))
+    rows = sorted(run.table.to_pylist(), key=lambda r: r["sent_unix_ns"])
+    assert all(r["status"] == 200 for r in rows)
+    for a, b in zip(rows, rows[1:], strict=False):  # never two in flight
+        assert b["sent_unix_ns"] >= a["end_unix_ns"]
+    last = rows[-1]
+    assert last["sent_unix_ns"] - last["intended_unix_ns"] > 200e6  # held back ~9 x 30 ms
+    assert last["latency_ms"] > last["naive_latency_ms"] + 200
+
+
+def test_stop_keeps_what_was_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "r.parquet"
+    schedule = synthetic_schedule(50.0, 30.0, "constant")
+
+    async def main() -> object:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.6, stop.set)
+        return await run_load(url, schedule, route="/v1/predict", out=out, stop=stop)
+
+    with spawn() as url:
+        run = asyncio.run(main())
+    assert run.summary.stopped_early == "stopped by user"  # type: ignore[attr-defined]
+    rows = pq.read_table(out).to_pylist()
+    assert 10 <= len(rows) <= 60 and all(r["status"] == 200 for r in rows)
+
+
+def test_refused_connections(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(UserError, match=f"{url}: cannot connect: Connection refused"):
+        asyncio.run(run_load(url, synthetic_schedule(10.0, 1.0)))
+    # refused mid-run (no pre-flight check): stops after 50 in a row and writes what it recorded
+    out = tmp_path / "r.parquet"
+    run = asyncio.run(run_load(url, synthetic_schedule(500.0, 20.0, "constant"), out=out, check_connect=False))
+    assert run.error is not None and "connections in a row failed" in run.error
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) >= 50 and all(r["status"] == 0 for r in rows)
+    assert all(r["error"] == "connect: Connection refused" for r in rows if r["sent_unix_ns"] is not None)
+    # the command: one line on stderr, exit status 2
+    proc = subprocess.run(
+        [sys.executable, "-m", "stagescope.cli", "load", "--url", url, "--rate", "5", "--duration", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == f"stagescope load: error: {url}: cannot connect: Connection refused"
+
+
+def test_cli_json_summary_and_trace_replay(tmp_path: Path) -> None:
+    out = tmp_path / "r.parquet"
+    with spawn("--token-ms", "1") as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stagescope.cli", "load", "--url", url, "--trace", str(AZURE_CONV), "--speedup", "10",
+             "--duration", "2", "--out", str(out), "--json", "--spans-dir", str(tmp_path / "spans")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    expected = len(build_schedule(trace=AZURE_CONV, speedup=10, duration_s=2))
+    assert summary["sent"] == summary["ok"] == expected == pq.read_table(out).num_rows
+    assert summary["route"] == "/v1/generate"
+    assert {"p50", "p99"} <= summary["latency_ms"].keys() and summary["naive_latency_ms"]["p99"] is not None
