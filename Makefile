@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/stagescope demo
+	$(BIN)/stagescope demo --apply-lever
 
 test: $(STAMP) lint typecheck pytest
 

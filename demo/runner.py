@@ -1,0 +1,225 @@
+"""One demo run: the reference service in a scenario, under a replayed real arrival trace, analysed.
+
+Steps (all local, no Docker): start ``stagescope serve`` as a child process on a local port with the
+scenario (and, for the lever check, the lever's setting change), keeping every trace; scrape its
+``/metrics`` every second; drive it open-loop with the load generator replaying the arrival times of
+a real Azure LLM trace scaled to the scenario's rate (request shapes from the scenario's workload);
+stop the service (its span sink flushes on shutdown); ingest spans, metrics and load results; run the
+breach analysis against the scenario's SLO; write ``report.json`` and ``report.html``.
+
+Layout of a run folder::
+
+    DIR/spans/            OTLP/JSON lines (server spans from the service, CLIENT spans from the load)
+    DIR/metrics/          one exposition file per scrape, samples stamped with the scrape time
+    DIR/results.parquet   the load generator's per-request results
+    DIR/report.json       the analysis (pinned JSON), DIR/report.html the same as a page
+    DIR/service.log       the service's own output
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from stagescope.demo.recorder import MetricsRecorder
+from stagescope.errors import UserError
+from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, get_scenario
+from stagescope.slo import SLO
+
+__all__ = ["ARRIVAL_TRACE", "RunResult", "check_port_free", "free_port", "run_scenario", "schedule_for"]
+
+REPO = Path(__file__).resolve().parents[1]
+#: The real arrival trace the demo replays (Azure LLM inference, conversation service, CC-BY-4.0).
+ARRIVAL_TRACE = REPO / "external" / "llm_traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+#: How long the reference service may take to answer /readyz (seconds).
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class RunResult:
+    """What one run produced."""
+
+    scenario: str
+    lever_applied: bool
+    out: Path
+    report: dict[str, Any]
+    requests_sent: int
+    client_p99_ms: float | None
+    interrupted: bool = False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Raise a one-line :class:`UserError` if ``port`` cannot be listened on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is already in use; pick another with --port") from None
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def check_writable(path: Path) -> None:
+    """Create ``path`` and check a file can be written there (one-line error otherwise)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".stagescope-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"{path}: output folder is not writable: {exc.strerror or exc}") from None
+
+
+def schedule_for(sc: Scenario, duration_s: float) -> Any:
+    """The real trace's arrival times scaled to the scenario's rate, with the scenario's request shapes."""
+    from stagescope.loadgen import build_schedule
+
+    sched = build_schedule(trace=ARRIVAL_TRACE, rate=sc.rate_rps, duration_s=duration_s)
+    n = len(sched)
+    if sc.route == GENERATE_ROUTE:
+        w = sc.workload
+        prompt = np.array([w.prompt_tokens_of(i) for i in range(n)], dtype=np.int64)
+        output = np.full(n, w.max_tokens, dtype=np.int64)
+        return dataclasses.replace(sched, prompt_tokens=prompt, output_tokens=output, hash_ids=None)
+    return dataclasses.replace(sched, prompt_tokens=None, output_tokens=None, hash_ids=None)
+
+
+class ServiceProcess:
+    """``stagescope serve`` as a child process; stopped with SIGINT so its sinks flush."""
+
+    def __init__(self, sc: Scenario, *, port: int, spans_dir: Path, apply_lever: bool, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable, "-m", "stagescope.cli", "serve", "--scenario", sc.name,
+            "--host", "127.0.0.1", "--port", str(port), "--spans-out", str(spans_dir),
+            "--baseline-sample", "1",  # keep every trace: the analysis needs the baseline too
+        ]  # fmt: skip
+        if apply_lever:
+            cmd.append("--apply-lever")
+        env = dict(os.environ, OTEL_TRACES_SAMPLER="always_on", PYTHONUNBUFFERED="1")
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # the embedded default records to local files
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.log_path = log
+
+    def _last_log_line(self) -> str:
+        self._log.flush()
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else "(no output)"
+
+    async def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise UserError(f"the reference service exited: {self._last_log_line()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/readyz")).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise UserError(f"the reference service was not ready within {timeout_s:g} s (see {self.log_path})")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+async def _drive(
+    sc: Scenario, svc: ServiceProcess, out: Path, duration_s: float, progress: Callable[[Any], None] | None
+) -> tuple[int, float | None, bool]:
+    """Load the service while recording its metrics; Ctrl-C ends sending and keeps what was recorded."""
+    from stagescope.loadgen import run_load
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    recorder = MetricsRecorder(f"{svc.url}/metrics", out / "metrics", interval_s=1.0)
+    recorder.start()
+    try:
+        run = await run_load(
+            svc.url, schedule_for(sc, duration_s), route=sc.route, out=out / "results.parquet",
+            spans_dir=out / "spans", progress=progress, stop=stop, repeat_share=sc.workload.repeat_share,
+            predict_dim=sc.workload.predict_dim, timeout_s=30.0, grace_s=10.0,
+        )  # fmt: skip
+    finally:
+        await recorder.stop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+    return len(run.results), run.summary.latency_ms.get("p99"), stop.is_set()
+
+
+def analyse_run(out: Path, slo: SLO) -> dict[str, Any]:
+    """Ingest a run folder and write ``report.json`` and ``report.html``; returns the report."""
+    from stagescope.analysis.api import analyze
+    from stagescope.analysis.ingest import load_dataset
+    from stagescope.analysis.report import to_html, to_json
+
+    metrics = [out / "metrics"] if (out / "metrics").exists() else []
+    results = [out / "results.parquet"] if (out / "results.parquet").exists() else []
+    ds = load_dataset(traces=[out / "spans"], metrics=metrics, results=results, skip_bad=True)
+    report = analyze(ds, slo)
+    (out / "report.json").write_text(to_json(report), encoding="utf-8")
+    (out / "report.html").write_text(to_html(report), encoding="utf-8")
+    return report
+
+
+def run_scenario(
+    name: str,
+    *,
+    out: Path,
+    duration_s: float,
+    apply_lever: bool = False,
+    port: int | None = None,
+    progress: Callable[[Any], None] | None = None,
+) -> RunResult:
+    """Run scenario ``name`` end to end into ``out``; see the module docstring."""
+    sc = get_scenario(name)
+    check_writable(out)
+    if port:
+        check_port_free(port)
+    else:
+        port = free_port()
+    spans = out / "spans"
+    spans.mkdir(parents=True, exist_ok=True)
+    svc = ServiceProcess(sc, port=port, spans_dir=spans, apply_lever=apply_lever, log=out / "service.log")
+    sent, client_p99, interrupted = 0, None, False
+    try:
+        asyncio.run(svc.wait_ready())
+        sent, client_p99, interrupted = asyncio.run(_drive(sc, svc, out, duration_s, progress))
+    except KeyboardInterrupt:  # before the load started: nothing recorded by the load generator yet
+        interrupted = True
+    finally:
+        svc.stop()
+    if not any(spans.rglob("*.jsonl")):
+        raise UserError(f"{spans}: the service recorded no spans (see {out / 'service.log'})")
+    # the scenario's SLO is about its own route (probes and /metrics scrapes are not its traffic)
+    report = analyse_run(out, dataclasses.replace(sc.slo, route=sc.route))
+    return RunResult(sc.name, apply_lever, out, report, sent, client_p99, interrupted)
