@@ -112,13 +112,17 @@ WITH o AS (
   SELECT filename AS file, json FROM read_json_objects({file_list}, format={sql_str(fmt)},
     compression={sql_str(compression)}, filename=true, maximum_object_size={max_object_bytes})
 ), r AS (
-  SELECT file, unnest(json_extract(json, '$.resourceSpans[*]')) AS r FROM o
+  SELECT file, unnest(CASE WHEN json_type(json, '$.resourceSpans') = 'ARRAY'
+    THEN json_extract(json, '$.resourceSpans[*]') ELSE ['{{"scopeSpans": 0}}'::JSON] END) AS r FROM o
 ), rs AS (
   SELECT file, r, json_extract_string(r, '$.resource.attributes[*].key') AS rk,
          json_extract(r, '$.resource.attributes[*].value') AS rv FROM r
 ), s AS (
   SELECT file, rv[list_position(rk, 'service.name')]->>'$.stringValue' AS service,
-    unnest(json_extract(r, '$.scopeSpans[*].spans[*]')) AS s FROM rs
+    unnest(CASE WHEN json_type(r) = 'OBJECT' AND coalesce(json_type(r, '$.scopeSpans'), 'ARRAY') = 'ARRAY'
+      AND coalesce(list_bool_and(list_transform(json_extract(r, '$.scopeSpans[*].spans'),
+                                                lambda x: json_type(x) = 'ARRAY')), true)
+      THEN json_extract(r, '$.scopeSpans[*].spans[*]') ELSE ['{{}}'::JSON] END) AS s FROM rs
 ), t AS (
   SELECT file, service,
     s->>'$.traceId' AS tid, s->>'$.spanId' AS sid, s->>'$.parentSpanId' AS pid, s->>'$.name' AS name,
