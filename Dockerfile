@@ -29,7 +29,7 @@ WORKDIR /app
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=6 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/metrics', timeout=2)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=2)"]
 CMD ["stagescope", "serve", "--host=0.0.0.0", "--port=8000"]
 
 # ---- lab -------------------------------------------------------------------------------------------
