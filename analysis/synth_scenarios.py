@@ -128,7 +128,7 @@ def _predict(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: flo
         d[N.STAGE_COMPUTE][m] = _ln(rng, 380, 0.25, int(m.sum()))
         util_level[:] = 92.0
         if name == "repeated-inputs":
-            hot = np.array([f"hot{i:04d}" for i in range(12)])
+            hot = np.array([f"hot{i:04d}" for i in range(3)])
             hashes[m] = hot[rng.integers(0, len(hot), int(m.sum()))]
     elif name == "cpu-bound-preprocess":
         m = hit < 0.08
