@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from stagescope.demo.runner import RunResult, run_scenario
+from stagescope.demo.runner import RunResult, check_port_free, check_writable, run_scenario
 from stagescope.errors import UserError
 from stagescope.service.scenarios import SCENARIOS, get_scenario
 
@@ -28,6 +28,9 @@ def _run(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: in
     from stagescope.loadgen.display import LiveProgress
 
     sc = get_scenario(name)
+    check_writable(out)  # fail in one line before any output
+    if port:
+        check_port_free(port)
     lever = f" with {sc.lever} applied" if apply_lever else ""
     err_console.print(
         f"[bold]{label}[/bold] scenario [cyan]{name}[/cyan]{lever}: reference service (SIMULATED accelerator), "

@@ -41,7 +41,15 @@ from stagescope.errors import UserError
 from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, get_scenario
 from stagescope.slo import SLO
 
-__all__ = ["ARRIVAL_TRACE", "RunResult", "check_port_free", "free_port", "run_scenario", "schedule_for"]
+__all__ = [
+    "ARRIVAL_TRACE",
+    "RunResult",
+    "check_port_free",
+    "check_writable",
+    "free_port",
+    "run_scenario",
+    "schedule_for",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 #: The real arrival trace the demo replays (Azure LLM inference, conversation service, CC-BY-4.0).
