@@ -76,7 +76,11 @@ def stage_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, str]:
     """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column."""
     cols = stage_columns(con)
-    case = "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+    case = (
+        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+        if cols
+        else "NULL::INTEGER"
+    )
     k_of = {c: i for i, c in enumerate(cols.values())}
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS

@@ -1,0 +1,76 @@
+"""``stagescope analyze``: pinned JSON, text and HTML output; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stagescope.analysis import synth_scenarios as S
+from stagescope.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PINNED = {"slo", "requests", "breached", "latency_ms", "attribution", "verdict", "levers", "windows", "warnings"}
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("incident")
+    data = S.generate("saturated", 800, seed=7)
+    S.write_otlp(data, d / "spans.jsonl")
+    S.write_metrics(data, d / "metrics.prom")
+    return d / "spans.jsonl", d / "metrics.prom"
+
+
+def test_json_report_has_the_pinned_shape(incident, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    traces, metrics = incident
+    out = tmp_path / "report.json"
+    argv = ["analyze", "--traces", str(traces), "--metrics", str(metrics), "--slo", "p99<300ms", "--window", "30s"]
+    assert main([*argv, "--format", "json", "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert set(rep) >= PINNED
+    assert rep["requests"] == 800 and rep["breached"] is True
+    assert set(rep["latency_ms"]) == {"p50", "p95", "p99"}
+    shares = [a["share"] for a in rep["attribution"]]
+    assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0, abs=1e-3)
+    assert rep["verdict"] == {"stage": "queue", "lever": "scale-out"}
+    assert {"lever", "stage", "predicted_p99_ms", "rationale"} <= set(rep["levers"][0])
+    assert len(rep["windows"]) >= 4 and any(w["breached"] for w in rep["windows"])
+    assert rep["evidence"]["utilization_pct"] == pytest.approx(97.0)
+    assert main([*argv, "--format", "text"]) == 0
+    assert "lever: scale-out" in capsys.readouterr().out
+    html = tmp_path / "r.html"
+    assert main([*argv, "--format", "html", "--out", str(html)]) == 0
+    assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_trace_without_stage_spans_is_analysed_as_unattributed(capsys) -> None:  # type: ignore[no-untyped-def]
+    trace = REPO / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    assert main(["analyze", "--traces", str(trace), "--slo", "p99<1ms", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["requests"] >= 1
+    assert [a["stage"] for a in rep["attribution"] if a["share"] > 0] in ([], ["unattributed"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--slo", "p99>300ms"], "bad SLO"),
+        (["--slo", "p99<300ms", "--window", "soon"], "--window"),
+        (["--slo", "p99<300ms", "--out", "/nonexistent-dir/x.json"], "/nonexistent-dir"),
+        (["--slo", "/nonexistent/slo.yaml"], "slo.yaml"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(incident, capsys, args, needle) -> None:  # type: ignore[no-untyped-def]
+    assert main(["analyze", "--traces", str(incident[0]), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_bad_trace_file_names_file_and_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"resourceSpans": []}\n{"resourceSpans": [\n')
+    assert main(["analyze", "--traces", str(bad), "--slo", "p99<300ms"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.jsonl" in err and ":2" in err
