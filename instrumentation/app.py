@@ -25,7 +25,8 @@ What it installs:
 Idempotent and symmetric: instrumenting an instrumented app returns the existing handle;
 ``uninstrument_app`` removes the middleware, the metrics route and (otel-fastapi mode) the stock
 instrumentation, flushes and stops the span pipeline and unregisters the metric families. The
-middleware is added with ``app.add_middleware``, so instrument before the app serves its first request.
+middleware goes first in ``app.user_middleware`` (outermost of the user's middleware); an app that
+already served gets its middleware stack rebuilt on the next request.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
+from starlette.middleware import Middleware
 
 from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_configured
 from stagescope.instrumentation.metrics import StageMetrics, make_metrics_app, set_default_metrics
@@ -219,7 +221,9 @@ def instrument_app(
             excluded_urls=",".join(x for x in (excluded, metrics_path) if x),
             **options,
         )
-    app.add_middleware(StagescopeMiddleware, state=state)
+    # like app.add_middleware, but also on an app that already served (the stack is rebuilt lazily)
+    app.user_middleware.insert(0, Middleware(StagescopeMiddleware, state=state))
+    app.middleware_stack = None
     handle = Instrumentation(
         app, service_name=service_name, mode=mode, metrics=metrics, policy=policy, state=state,
         pipeline=pipeline, exporter=exporter, tracer_provider=provider, owns_provider=owns_provider,

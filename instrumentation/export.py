@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +41,7 @@ __all__ = ["BackgroundSpanExporter", "make_span_exporter", "otlp_endpoint_config
 _log = logging.getLogger(__name__)
 
 DEFAULT_OTLP_TIMEOUT_S = 2.0
-BATCH_SPANS = 512
+BATCH_SPANS = 128
 
 
 def otlp_endpoint_configured() -> bool:
@@ -171,6 +172,7 @@ class BackgroundSpanExporter(SpanExporter):
             with self._cond:
                 self._handled += calls
                 self._cond.notify_all()
+            time.sleep(0)  # let the event loop thread take the GIL between batches
             if not ok and not self._stopped:
                 return  # wait out the backoff before the next batch
 

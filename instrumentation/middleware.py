@@ -160,11 +160,18 @@ class StagescopeMiddleware:
             return
         token = _current.set(rec)
         finish = self._finish
+        # otel-fastapi: the stock middleware ends its server span inside the last send, so the record
+        # is finished (and the span annotated) just before that chunk is handed over.
+        finish_first = state.mode == "otel-fastapi"
 
         async def send_wrapper(message: Message) -> None:
             mtype = message["type"]
             if mtype == "http.response.body":
                 if not message.get("more_body", False) and rec.end_ns is None:
+                    if finish_first:
+                        finish(rec)
+                        await send(message)
+                        return
                     await send(message)
                     finish(rec)
                     return

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -36,9 +37,9 @@ __all__ = ["JsonLinesSpanExporter", "SpanCounter", "after_fork_in_child", "resol
 _log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_QUEUE_SPANS = 65536
+DEFAULT_MAX_QUEUE_SPANS = 16384
 #: At most this many spans go in one line (one ExportTraceServiceRequest).
-SPANS_PER_LINE = 512
+SPANS_PER_LINE = 128
 
 
 def after_fork_in_child(obj: object, method: str) -> None:
@@ -193,6 +194,7 @@ class JsonLinesSpanExporter(SpanExporter):
             with self._cond:
                 self._written += calls
                 self._cond.notify_all()
+            time.sleep(0)  # let the event loop thread take the GIL between lines
 
     def _write(self, line: bytes) -> None:
         pid = os.getpid()

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,9 @@ MAX_TOKEN_GAPS = 4096
 _KNOWN_METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY"}
 )
+
+#: The span thread releases the GIL after this many records, so the event loop never waits long for it.
+YIELD_EVERY = 8
 
 _getrandbits = random.getrandbits
 
@@ -287,7 +291,10 @@ class SpanBuilder:
         attrs: dict[str, Any] = {}
         if rec.scope is not None:
             attrs = http_server_attributes(rec.scope, route, rec.status_code, self.semconv)
+        http_error = attrs.get(ATTR_ERROR_TYPE)
         attrs.update(self.stagescope_attributes(rec))
+        if http_error is not None:  # new HTTP semconv: the status code wins, as in the stock instrumentor
+            attrs[ATTR_ERROR_TYPE] = http_error
         failed = rec.error_type is not None or (rec.status_code or 0) >= 500
         status = Status(StatusCode.ERROR, rec.error_type) if failed else _STATUS_UNSET
         parent = None
@@ -367,8 +374,8 @@ class SpanPipeline:
         metrics: Any = None,
         count_exported: bool = False,
         server_spans: bool = True,
-        max_queue: int = 8192,
-        batch_size: int = 256,
+        max_queue: int = 16384,
+        batch_size: int = 128,
         interval_s: float = 0.2,
         flush_downstream: Callable[[], object] | None = None,
     ) -> None:
@@ -437,12 +444,14 @@ class SpanPipeline:
             while q and len(batch) < self.batch_size:
                 batch.append(q.popleft())
             spans: list[ReadableSpan] = []
-            for rec in batch:
+            for i, rec in enumerate(batch):
                 try:
                     spans.extend(self.builder.build(rec, server=self.server_spans))
                 except Exception:
                     self._warn("building spans failed")
                     self._count_dropped(1 + len(rec.stages), "build_failed")
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    time.sleep(0)  # hand the GIL to the event loop if it waits (short, frequent holds)
             try:
                 if spans:
                     self.deliver(spans)
