@@ -78,7 +78,7 @@ def main() -> None:
     med = statistics.median(scrape_ms)
     print(f"gpu exporter benchmark (FAKE NVML: {args.gpus} simulated GPUs, every field, {n_samples} samples/scrape, "
           f"{len(body) / 1024:.1f} KiB)")  # fmt: skip
-    print(f"  scrape median {med:.2f} ms  p90 {statistics.quantiles(scrape_ms, n=10)[-1]:.2f} ms  "
+    print(f"  scrape median {med:.2f} ms  min {min(scrape_ms):.2f} ms  p90 {statistics.quantiles(scrape_ms, n=10)[-1]:.2f} ms  "
           f"(goal <= 5 ms: {med / 5.0:.2f}x of budget)")  # fmt: skip
     print(
         f"  sampling every {args.interval * 1e3:.0f} ms: {share * 100:.2f}% of one core "

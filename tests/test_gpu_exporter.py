@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
@@ -97,6 +98,12 @@ def test_multi_gpu_machine_all_fields_with_dcgm_labels_and_units() -> None:
     # counters keep dcgm-exporter's bare names (no _total)
     assert value(s, names.DCGM_TOTAL_ENERGY, gpu="0") == 1_000_000
     assert names.DCGM_TOTAL_ENERGY + "_total" not in generate_text(c).decode()
+
+
+def test_label_values_are_escaped_in_the_exposition() -> None:
+    odd = 'node "a"\\b\nc'
+    s = scrape(make(FakeNvml(1), hostname=odd))
+    assert value(s, names.DCGM_GPU_TEMP, Hostname=odd) == 40
 
 
 def test_unsupported_fields_are_omitted_and_not_asked_again() -> None:
@@ -235,6 +242,22 @@ def test_per_process_memory_and_utilization_with_pid() -> None:
     assert value(s, names.METRIC_GPU_PROCESS_UTIL, pid="777", engine="sm") == 3
 
 
+def test_profiling_fields_come_from_gpm_as_dcgm_ratios_and_are_omitted_before_hopper() -> None:
+    h100 = FakeGpu(gr_engine_pct=87.5, tensor_pct=40.0, dram_pct=25.0)
+    t4 = FakeGpu(name="fake-nvml Tesla T4", gpm=False)
+    c = make(FakeNvml([h100, t4]))
+    s = scrape(c)
+    assert value(s, names.DCGM_PROF_GR_ENGINE_ACTIVE, gpu="0") == 0.875  # percent -> DCGM's ratio
+    assert value(s, names.DCGM_PROF_PIPE_TENSOR_ACTIVE, gpu="0") == 0.4
+    assert value(s, names.DCGM_PROF_DRAM_ACTIVE, gpu="0") == 0.25
+    for name in (names.DCGM_PROF_GR_ENGINE_ACTIVE, names.DCGM_PROF_DRAM_ACTIVE):
+        assert gpus_of(s, name) == {"0"}
+    assert value(s, names.METRIC_GPU_UP, gpu="1") == 1.0 and gpus_of(s, names.DCGM_GPU_TEMP) == {"0", "1"}
+    h100.gr_engine_pct = 10.0  # each scrape: the activity since the previous one
+    assert value(scrape(c), names.DCGM_PROF_GR_ENGINE_ACTIVE, gpu="0") == 0.1
+    c.close()
+
+
 def test_xid_errors_come_from_nvml_events() -> None:
     fake = FakeNvml(2)
     c = make(fake)
@@ -285,7 +308,11 @@ def test_bundled_csv_holds_dcgm_default_list_and_each_row_is_read_or_explained()
     for spec in theirs:
         assert (ours[spec.name].type, ours[spec.name].help) == (spec.type, spec.help), spec.name
         known = (
-            READERS.keys() | fields.LABEL_READERS.keys() | fields.SAMPLER_FIELDS | fields.NOT_PROVIDED.keys()
+            READERS.keys()
+            | fields.LABEL_READERS.keys()
+            | fields.SAMPLER_FIELDS
+            | fields.GPM_FIELDS.keys()
+            | fields.NOT_PROVIDED.keys()
         )
         assert spec.name in known, spec.name
     assert set(fields.NOT_PROVIDED) <= {s.name for s in theirs}
@@ -299,6 +326,14 @@ def test_nvml_constants_match_pynvml() -> None:
                   "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG"):  # fmt: skip
         assert getattr(fields, const) == getattr(pynvml, const), const
     assert pynvml.nvmlMemory_v2 == fields.NVML_MEMORY_V2
-    for name in dir(FakeNvml):  # the fake mirrors real pynvml functions, nothing invented
+    assert fields.GPM_FIELDS == {
+        names.DCGM_PROF_GR_ENGINE_ACTIVE: pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+        names.DCGM_PROF_PIPE_TENSOR_ACTIVE: pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        names.DCGM_PROF_DRAM_ACTIVE: pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    }
+    for name in dir(FakeNvml):  # the fake mirrors real pynvml functions and signatures, nothing invented
         if name.startswith("nvml"):
-            assert callable(getattr(pynvml, name, None)), name
+            real = getattr(pynvml, name, None)
+            assert callable(real), name
+            fake_params = list(inspect.signature(getattr(FakeNvml, name)).parameters)[1:]
+            assert fake_params == list(inspect.signature(real).parameters), name

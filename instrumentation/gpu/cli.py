@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from stagescope.instrumentation.gpu.collector import GpuCollector
     from stagescope.instrumentation.gpu.exposition import serve
     from stagescope.instrumentation.gpu.fields import (
+        GPM_FIELDS,
         LABEL_READERS,
         NOT_PROVIDED,
         READERS,
@@ -72,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     skipped = [
         c.name
         for c in counters
-        if c.name not in READERS and c.name not in LABEL_READERS and c.name not in SAMPLER_FIELDS
+        if c.name not in READERS
+        and c.name not in LABEL_READERS
+        and c.name not in SAMPLER_FIELDS
+        and c.name not in GPM_FIELDS
     ]
     if skipped and collector.available:
         log.info(

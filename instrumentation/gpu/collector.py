@@ -35,12 +35,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from stagescope import names
 from stagescope.instrumentation.gpu.fields import (
+    GPM_FIELDS,
     LABEL_READERS,
     READERS,
     SAMPLER_FIELDS,
     CounterSpec,
     load_counters_csv,
 )
+from stagescope.instrumentation.gpu.gpm import GpmReader
 from stagescope.instrumentation.gpu.sampler import ENGINES, UtilizationSampler
 
 __all__ = ["GpuCollector", "NvmlUnavailable", "load_nvml"]
@@ -87,6 +89,7 @@ class _Gpu:
     handle: Any = None
     labels: dict[str, str] = field(default_factory=dict)  # dcgm identity + label fields
     unsupported: set[str] = field(default_factory=set)
+    gpm: GpmReader | None = None  # profiling fields (Hopper+); None when the GPU has no GPM
 
 
 class GpuCollector(Collector):
@@ -142,10 +145,16 @@ class GpuCollector(Collector):
             )
         self._label_fields = [c.name for c in self.counters if c.type == "label" and c.name in LABEL_READERS]
         self._metric_fields = [
-            c for c in self.counters if c.type != "label" and (c.name in READERS or c.name in SAMPLER_FIELDS)
+            c
+            for c in self.counters
+            if c.type != "label" and (c.name in READERS or c.name in SAMPLER_FIELDS or c.name in GPM_FIELDS)
         ]
+        self._gpm_wanted = {c.name for c in self._metric_fields if c.name in GPM_FIELDS}
         self._process_ts_us: dict[int, int] = {}
         if self.nvml is not None:
+            for g in self.gpus:
+                if g.handle is not None:
+                    self._init_gpm(g)
             handles = {g.index: g.handle for g in self.gpus if g.handle is not None}
             self.sampler = UtilizationSampler(
                 self.nvml, handles, interval_s=interval_s, window_s=window_s, clock=clock
@@ -192,6 +201,18 @@ class GpuCollector(Collector):
             return False
         g.handle, g.labels = h, labels
         return True
+
+    def _init_gpm(self, g: _Gpu) -> None:
+        """Take the first GPM sample of ``g`` (so the first scrape has an interval), or mark it unsupported."""
+        if not self._gpm_wanted or g.gpm is not None or self._gpm_wanted <= g.unsupported:
+            return
+        try:
+            g.gpm = GpmReader(self.nvml, g.handle)
+            g.gpm.read()
+        except Exception as exc:  # NotSupported (before Hopper), an older pynvml without GPM ...
+            log.debug("gpu %d: GPM profiling fields omitted: %s", g.index, exc)
+            g.gpm = None
+            g.unsupported.update(GPM_FIELDS)
 
     def _labels_for(self, g: _Gpu) -> dict[str, str]:
         out = dict(g.labels)
@@ -285,14 +306,15 @@ class GpuCollector(Collector):
                 return False
             if self.sampler is not None:
                 self.sampler.add_handle(g.index, g.handle)
+            self._init_gpm(g)
         n, h = self.nvml, g.handle
         labels = self._labels_for(g)
         values: list[tuple[str, float]] = []
         for spec in self._metric_fields:
             if spec.name in g.unsupported:
                 continue
-            if spec.name in SAMPLER_FIELDS:
-                continue  # from the sampler's event stream below
+            if spec.name in SAMPLER_FIELDS or spec.name in GPM_FIELDS:
+                continue  # from the sampler's event stream / the GPM reader below
             try:
                 values.append((spec.name, READERS[spec.name](n, h)))
             except n.NVMLError as exc:
@@ -303,6 +325,14 @@ class GpuCollector(Collector):
             except Exception as exc:  # a stand-in without the function, a ctypes surprise ...
                 log.debug("gpu %d: %s omitted: %s", g.index, spec.name, exc)
                 g.unsupported.add(spec.name)
+        if g.gpm is not None:
+            try:
+                values.extend((k, v) for k, v in g.gpm.read().items() if k in self._gpm_wanted)
+            except n.NVMLError as exc:
+                if exc.value not in UNSUPPORTED_CODES:
+                    return self._failed(g, exc)
+                g.unsupported.update(GPM_FIELDS)
+                g.gpm = None
         try:
             procs = self._process_samples(g)
         except n.NVMLError as exc:
@@ -365,6 +395,10 @@ class GpuCollector(Collector):
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
+        for g in self.gpus:
+            if g.gpm is not None:
+                g.gpm.close()
+                g.gpm = None
         if self.nvml is not None:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()

@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 
 
 def _escape_value(v: str) -> str:
+    if "\\" not in v and "\n" not in v and '"' not in v:
+        return v
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def generate_text(registry: Collector) -> bytes:
     """Text exposition of ``registry`` (any object with ``collect()``), counters named as emitted."""
     out: list[str] = []
+    label_text: dict[tuple[tuple[str, str], ...], str] = {}  # a GPU's label set repeats in every family
     for metric in registry.collect():
         mtype = metric.type
         name = metric.name
@@ -41,7 +44,10 @@ def generate_text(registry: Collector) -> bytes:
         out.append(f"# HELP {name} {helptext}\n# TYPE {name} {mtype}\n")
         for s in metric.samples:
             if s.labels:
-                lab = ",".join(f'{k}="{_escape_value(v)}"' for k, v in s.labels.items())
+                key = tuple(s.labels.items())
+                lab = label_text.get(key)
+                if lab is None:
+                    lab = label_text[key] = ",".join(f'{k}="{_escape_value(v)}"' for k, v in key)
                 out.append(f"{s.name}{{{lab}}} {floatToGoString(s.value)}\n")
             else:
                 out.append(f"{s.name} {floatToGoString(s.value)}\n")

@@ -15,6 +15,9 @@ Broken machines it can play:
   ``NVMLError_NotSupported`` on that GPU (``"field:82"`` makes one field value unsupported);
 - ``gpu.lost = True``: the GPU fell off the bus; every call on it raises ``NVMLError_GpuIsLost``
   (``nvmlDeviceGetHandleByIndex`` too);
+- ``FakeGpu(name="fake-nvml Tesla T4", gpm=False)``: a GPU before Hopper, without GPM (``nvmlGpmQueryDeviceSupport`` says so), so
+  the profiling fields are omitted; with ``gpm=True`` the GPM metrics report ``gr_engine_pct``,
+  ``tensor_pct`` and ``dram_pct`` as they were when the second of the two samples was taken;
 - ``FakeGpu(sample_buffer=True, samples={1: [(unix_us, percent), ...]})``: the driver sample buffer;
   by default ``nvmlDeviceGetSamples`` is not supported and the sampler polls.
 """
@@ -66,6 +69,10 @@ class FakeGpu:
     processes: list[tuple[int, int | None, int, int]] = field(default_factory=list)  # pid, bytes, sm%, mem%
     #: driver sample buffer: engine sample type (1 gpu, 2 memory) -> [(unix µs, percent)]
     samples: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    gpm: bool = True  # GPU Performance Monitoring (Hopper and newer; False for an older GPU)
+    gr_engine_pct: float = 0.0  # GPM NVML_GPM_METRIC_GRAPHICS_UTIL, percent
+    tensor_pct: float = 0.0  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    dram_pct: float = 0.0  # NVML_GPM_METRIC_DRAM_BW_UTIL
     sample_buffer: bool = False  # True: nvmlDeviceGetSamples serves `samples`; False: NotSupported
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
@@ -76,6 +83,7 @@ class FakeNvml:
     """A stand-in for the ``pynvml`` module (FAKE: simulated GPUs, see the module docstring)."""
 
     NVMLError = pynvml.NVMLError
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
 
     def __init__(
         self,
@@ -98,6 +106,8 @@ class FakeNvml:
         self.initialized = False
         self.pending_events: list[tuple[int, int, int]] = []  # (gpu, event type, data)
         self.registered: dict[int, int] = {}
+        self._gpm_samples: dict[int, tuple[int, int, dict[int, float]]] = {}  # address -> (gpu, seq, metrics)
+        self._gpm_seq = 0
 
     # -- helpers -----------------------------------------------------------------------------------
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
@@ -285,6 +295,54 @@ class FakeNvml:
             pynvml.c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=timeStamp + 1, smUtil=sm, memUtil=mem)
             for pid, _used, sm, mem in g.processes
         ]
+
+    # -- GPM (profiling) ---------------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        g = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        return pynvml.c_nvmlGpmSupport_t(
+            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(g.gpm)
+        )
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return ctypes.pointer(pynvml.struct_c_nvmlGpmSample_t())
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._gpm_samples.pop(ctypes.addressof(gpmSample.contents), None)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        g = self._gpu(device, "nvmlGpmSampleGet")
+        if not g.gpm:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_seq += 1
+        metrics = {
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: g.gr_engine_pct,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: g.tensor_pct,
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: g.dram_pct,
+        }
+        self._gpm_samples[ctypes.addressof(gpmSample.contents)] = (
+            self._index(device),
+            self._gpm_seq,
+            metrics,
+        )
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        try:
+            gpu1, seq1, _ = self._gpm_samples[ctypes.addressof(metricsGet.sample1.contents)]
+            gpu2, seq2, metrics = self._gpm_samples[ctypes.addressof(metricsGet.sample2.contents)]
+        except (KeyError, ValueError):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        if gpu1 != gpu2 or seq2 <= seq1 or metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpu(self.handles[gpu2], "nvmlGpmMetricsGet")
+        for i in range(metricsGet.numMetrics):
+            m = metricsGet.metrics[i]
+            if m.metricId in metrics:
+                m.value = metrics[m.metricId]
+                m.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
 
     # -- events ------------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:

@@ -24,12 +24,13 @@ DCGM_FI_DEV_*REMAPPED_ROWS, ROW_REMAP_FAILURE    nvmlDeviceGetRemappedRows
 DCGM_FI_PROF_PCIE_TX_BYTES / RX_BYTES  bytes/s   nvmlDeviceGetPcieThroughput (KB/s) * 1024
 DCGM_FI_DEV_CLOCK_THROTTLE_REASONS     bitmask   nvmlDeviceGetCurrentClocksEventReasons
 DCGM_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL count  nvmlDeviceGetTotalEccErrors
+DCGM_FI_PROF_GR_ENGINE_ACTIVE,         ratio     NVML GPM (Hopper and newer), see gpm.py
+  PIPE_TENSOR_ACTIVE, DRAM_ACTIVE
 =====================================  ========  =================================================
 
-Not provided (listed in :data:`NOT_PROVIDED` with the reason): the DCP profiling fields
-``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``PIPE_TENSOR_ACTIVE``, ``DRAM_ACTIVE`` (they need DCGM's profiling
-module or NVML's GPM API on Hopper and newer, not implemented here) and
-``DCGM_FI_DEV_VGPU_LICENSE_STATUS`` (a DCGM-side vGPU state with no one-to-one NVML call).
+Not provided (listed in :data:`NOT_PROVIDED` with the reason): ``DCGM_FI_DEV_VGPU_LICENSE_STATUS`` (a
+DCGM-side vGPU state with no one-to-one NVML call). The profiling fields are omitted on GPUs without
+GPM (before Hopper), as any unsupported field is.
 
 NVML constants are spelled here by value (they are ABI, stable across driver releases; a test checks
 them against ``pynvml``) so this module imports without ``pynvml`` installed.
@@ -44,9 +45,11 @@ from typing import Any
 
 from stagescope import names
 from stagescope.errors import UserError
+from stagescope.instrumentation.gpu.gpm import GPM_FIELDS
 
 __all__ = [
     "DEFAULT_COUNTERS_CSV",
+    "GPM_FIELDS",
     "LABEL_READERS",
     "METRIC_TYPES",
     "NOT_PROVIDED",
@@ -209,8 +212,5 @@ LABEL_READERS: dict[str, Callable[[Any, Any], str]] = {
 
 #: Fields of dcgm-exporter's default list that this exporter leaves out, and why.
 NOT_PROVIDED: dict[str, str] = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "DCP profiling field: needs DCGM (or NVML GPM on Hopper+, not implemented)",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "DCP profiling field: needs DCGM (or NVML GPM on Hopper+, not implemented)",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "DCP profiling field: needs DCGM (or NVML GPM on Hopper+, not implemented)",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "DCGM-side vGPU license state with no one-to-one NVML call",
 }
