@@ -31,7 +31,7 @@ Why each one breaches, in terms of the stated latency model (:mod:`stagescope.se
   prefill (256 tokens per sequence per step) lets them through within a step or two.
 * ``llm-decode-heavy``: arrivals need more decode throughput than the engine has at any batch, and
   the running batch grows until each step (8 ms + 1.2 ms per running sequence) is slower than 60 ms;
-  capping the running batch at 20 keeps steps near 40 ms (the excess waits for admission instead).
+  capping the running batch at 16 keeps steps near 35 ms (the excess waits for admission instead).
 """
 
 from __future__ import annotations
@@ -165,10 +165,10 @@ SCENARIOS: Mapping[str, Scenario] = _frozen(
                 _frozen({"quantize": True}),
             ),
             Scenario(
-                "cpu-bound-preprocess", "50 CPU-ms preprocessing serialized on one thread at 16/s",
-                PREDICT_ROUTE, 16.0, _E2E, N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING,
-                _frozen({"preprocess_cpu_ms": 50.0, "preprocess_workers": 1}),
-                _frozen({"preprocess_workers": 4}),
+                "cpu-bound-preprocess", "30 CPU-ms preprocessing serialized on one thread at 25/s",
+                PREDICT_ROUTE, 25.0, _E2E, N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING,
+                _frozen({"preprocess_cpu_ms": 30.0, "preprocess_workers": 1}),
+                _frozen({"preprocess_workers": 8}),
             ),
             Scenario(
                 "cold-start", "a 1 s model reload every 4 s lands on live traffic", PREDICT_ROUTE, 30.0, _E2E,
@@ -201,7 +201,7 @@ SCENARIOS: Mapping[str, Scenario] = _frozen(
                 GENERATE_ROUTE, 14.0, "itl:p99<60ms", N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS,
                 _frozen({"decode_step_ms": 8.0, "decode_per_seq_ms": 1.2, "prefill_launch_ms": 5.0,
                          "prefill_per_token_ms": 0.1, "max_running": 512, "max_waiting": 4096}),
-                _frozen({"max_running": 20}),
+                _frozen({"max_running": 16}),
                 Workload(prompt_tokens=32, max_tokens=64),
             ),
         )
