@@ -2,13 +2,17 @@
 
 Input: files holding ``ExportTraceServiceRequest`` JSON, one per line (the collector's ``file``
 exporter, stagescope's embedded sink) or one (pretty-printed) document per file, optionally gzip.
-DuckDB splits the files into JSON objects, ``json_extract`` with wildcard paths unnests
-``resourceSpans -> scopeSpans -> spans``, and ``json_transform`` turns each span's ``attributes`` into
-a list of structs from which the keys in :data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are
-pivoted with ``list_position``. Lenient by design: unknown fields are ignored, ids are hex in any case
-(base64 ids, which some protobuf-JSON encoders write, are converted), 64-bit integers may be strings or
-numbers, ``kind``/``status.code`` may be integers or enum names. Values that do not convert become NULL
-and are reported by :mod:`stagescope.analysis.ingest.check` with file and line.
+DuckDB splits the files into JSON objects and parses each object **once** with ``json_transform``
+into nested structs (span fields as text, attributes as a list of ``{key, value}`` structs); UNNEST
+walks ``resourceSpans -> scopeSpans -> spans``, and the attribute keys of
+:data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are pivoted with ``list_position``. (Keep
+expressions out of SELECTs that UNNEST: DuckDB evaluates them per output row.) Lenient by design:
+unknown fields are ignored, ids are hex in any case (base64 ids, which some protobuf-JSON encoders
+write, are converted), 64-bit integers may be strings or numbers, ``kind``/``status.code`` may be
+integers or enum names. Values that do not convert become NULL; an export request whose
+``resourceSpans``/``scopeSpans``/``spans`` is not a list yields one all-NULL span row. Such rows are
+found by :mod:`stagescope.analysis.ingest.traces` and explained, with file and line, by
+:mod:`stagescope.analysis.ingest.check`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ _ATTR_TYPE = (
     '[{"key":"VARCHAR","value":{"stringValue":"VARCHAR","intValue":"VARCHAR","doubleValue":"DOUBLE",'
     f'"boolValue":"BOOLEAN","arrayValue":{{"values":[{_SCALAR}]}}}}}}]'
 )
+_SPAN_TYPE = (
+    '{"traceId":"VARCHAR","spanId":"VARCHAR","parentSpanId":"VARCHAR","name":"VARCHAR","kind":"VARCHAR",'
+    '"startTimeUnixNano":"VARCHAR","endTimeUnixNano":"VARCHAR","status":{"code":"VARCHAR"},'
+    f'"attributes":{_ATTR_TYPE}}}'
+)
+#: One export request, parsed once per line into nested structs (spans' fields as text, converted below).
+_LINE_TYPE = f'{{"resourceSpans":[{{"resource":{{"attributes":{_ATTR_TYPE}}},"scopeSpans":[{{"spans":[{_SPAN_TYPE}]}}]}}]}}'
 _KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
 _STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
 
@@ -86,6 +97,14 @@ def _pivot(typ: str, v: str) -> str:
     raise ValueError(typ)
 
 
+def _objects(files: Sequence[str], fmt: str, compression: str, max_object_bytes: int) -> str:
+    file_list = "[" + ", ".join(sql_str(f) for f in files) + "]"
+    return (
+        f"read_json_objects({file_list}, format={sql_str(fmt)}, compression={sql_str(compression)}, "
+        f"filename=true, maximum_object_size={max_object_bytes})"
+    )
+
+
 def otlp_spans_sql(
     files: Sequence[str],
     *,
@@ -97,7 +116,6 @@ def otlp_spans_sql(
 
     ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents).
     """
-    file_list = "[" + ", ".join(sql_str(f) for f in files) + "]"
     pivots: list[str] = []
     values: list[str] = []
     for col, (typ, keys) in ATTR_COLUMNS.items():
@@ -109,26 +127,28 @@ def otlp_spans_sql(
     cols = ", ".join(SPAN_COLUMNS)
     return f"""
 WITH o AS (
-  SELECT filename AS file, json FROM read_json_objects({file_list}, format={sql_str(fmt)},
-    compression={sql_str(compression)}, filename=true, maximum_object_size={max_object_bytes})
+  SELECT filename AS file, json_transform(json, '{_LINE_TYPE}') AS x
+  FROM {_objects(files, fmt, compression, max_object_bytes)}
 ), r AS (
-  SELECT file, unnest(CASE WHEN json_type(json, '$.resourceSpans') = 'ARRAY'
-    THEN json_extract(json, '$.resourceSpans[*]') ELSE ['{{"scopeSpans": 0}}'::JSON] END) AS r FROM o
+  SELECT file, coalesce(x.resourceSpans, list_append(list_filter(x.resourceSpans, lambda z: false), NULL)) AS rl
+  FROM o
+), r1 AS (
+  SELECT file, unnest(rl) AS x FROM r
 ), rs AS (
-  SELECT file, r, json_extract_string(r, '$.resource.attributes[*].key') AS rk,
-         json_extract(r, '$.resource.attributes[*].value') AS rv FROM r
+  SELECT file,
+    x.resource.attributes[list_position(list_transform(x.resource.attributes, lambda a: a.key), 'service.name')]
+      .value.stringValue AS service,
+    flatten(list_transform(x.scopeSpans, lambda ss: ss.spans)) AS sl,
+    x IS NULL OR x.scopeSpans IS NULL OR list_bool_or(list_transform(x.scopeSpans, lambda ss: ss.spans IS NULL)) AS bad
+  FROM r1
+), rb AS (
+  SELECT file, service, CASE WHEN bad THEN list_append(list_filter(sl, lambda z: false), NULL) ELSE sl END AS spans
+  FROM rs
 ), s AS (
-  SELECT file, rv[list_position(rk, 'service.name')]->>'$.stringValue' AS service,
-    unnest(CASE WHEN json_type(r) = 'OBJECT' AND coalesce(json_type(r, '$.scopeSpans'), 'ARRAY') = 'ARRAY'
-      AND coalesce(list_bool_and(list_transform(json_extract(r, '$.scopeSpans[*].spans'),
-                                                lambda x: json_type(x) = 'ARRAY')), true)
-      THEN json_extract(r, '$.scopeSpans[*].spans[*]') ELSE ['{{}}'::JSON] END) AS s FROM rs
+  SELECT file, service, unnest(spans) AS x FROM rb
 ), t AS (
-  SELECT file, service,
-    s->>'$.traceId' AS tid, s->>'$.spanId' AS sid, s->>'$.parentSpanId' AS pid, s->>'$.name' AS name,
-    s->>'$.kind' AS k, s->>'$.status.code' AS sc,
-    s->>'$.startTimeUnixNano' AS st, s->>'$.endTimeUnixNano' AS en,
-    json_transform(s->'$.attributes', '{_ATTR_TYPE}') AS a
+  SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.parentSpanId AS pid, x.name AS name,
+    x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a
   FROM s
 ), u AS (
   SELECT *, list_transform(a, lambda x: x.key) AS ks FROM t

@@ -57,7 +57,6 @@ class TraceLoader:
         self.skip_bad = skip_bad
         self.warnings: list[str] = []
         self.files: list[FileSummary] = []
-        self._counts: dict[str, int] = {}
 
     # ---------------------------------------------------------------- public
     def load(self, paths: Sequence[str | Path]) -> None:
@@ -95,9 +94,11 @@ class TraceLoader:
 
     # ---------------------------------------------------------------- OTLP
     def _insert_otlp(self, files: list[str], lines: bool, gz: bool, as_name: str | None = None) -> None:
-        sql = otlp_spans_sql(
-            files, fmt="newline_delimited" if lines else "unstructured", compression="gzip" if gz else "none"
-        )
+        opts = {
+            "fmt": "newline_delimited" if lines else "unstructured",
+            "compression": "gzip" if gz else "none",
+        }
+        sql = otlp_spans_sql(files, **opts)
         if as_name is not None:
             sql = f"SELECT * REPLACE ({sql_str(as_name)} AS file) FROM ({sql})"
         self.con.execute(f"INSERT INTO spans {sql}")
@@ -141,8 +142,13 @@ class TraceLoader:
                 if str(f.path) in bad_files:
                     self.con.execute("DELETE FROM spans WHERE file = ?", [str(f.path)])
                     self._recover(f)
-        for name in set(bad_files) - {str(f.path) for fs in groups.values() for f in fs}:
-            raise UserError(f"{name}: {bad_files[name]} spans without valid ids or plausible times")
+        for name in sorted(set(bad_files) - {str(f.path) for fs in groups.values() for f in fs}):
+            self.con.execute("DELETE FROM spans WHERE file = ?", [name])
+            self.bad(
+                Path(name),
+                [Problem(1, f"{bad_files[name]} spans without valid ids or plausible times")],
+                "jaeger",
+            )
 
     # ---------------------------------------------------------------- bad input
     def _bad_message(self, path: Path, message: str) -> None:
