@@ -31,7 +31,9 @@ from scipy.stats import ks_2samp
 from stagescope.loadgen import build_schedule, run_closed_loop, run_load
 from stagescope.loadgen.echo_server import spawn
 
-AZURE_CONV = Path(__file__).resolve().parents[1] / "external/llm_traces/azure2023/AzureLLMInferenceTrace_conv.csv"
+AZURE_CONV = (
+    Path(__file__).resolve().parents[1] / "external/llm_traces/azure2023/AzureLLMInferenceTrace_conv.csv"
+)
 
 
 def _load() -> float:

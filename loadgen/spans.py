@@ -15,13 +15,11 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Sequence
-from pathlib import Path
 from urllib.parse import urlsplit
 
-import orjson
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv.attributes import (
     error_attributes,
@@ -32,12 +30,11 @@ from opentelemetry.semconv.attributes import (
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from stagescope.loadgen.results import RequestResult
-from stagescope.names import ATTR_CLIENT, ENV_SPANS_DIR, SERVER_SPAN_NAME_FORMAT
+from stagescope.names import ATTR_CLIENT, SERVER_SPAN_NAME_FORMAT
 
 __all__ = [
     "LOADGEN_SERVICE_NAME",
     "ClientSpanWriter",
-    "JsonLinesClientSpanExporter",
     "new_ids",
     "traceparent",
 ]
@@ -61,83 +58,6 @@ def traceparent(trace_id: str, span_id: str) -> str:
     return f"00-{trace_id}-{span_id}-01"
 
 
-def _default_exporter(spans_dir: str | None) -> SpanExporter:
-    try:
-        from stagescope.instrumentation.export import make_span_exporter
-    except ImportError:  # the instrumentation's exporter factory is not installed: write the sink format
-        directory = spans_dir or os.environ.get(ENV_SPANS_DIR)
-        if not directory:
-            raise ValueError(f"no spans directory: pass spans_dir or set {ENV_SPANS_DIR}") from None
-        return JsonLinesClientSpanExporter(directory)
-    return make_span_exporter(spans_dir)
-
-
-def _otlp_value(value: object) -> dict[str, object]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    return {"stringValue": str(value)}
-
-
-class JsonLinesClientSpanExporter(SpanExporter):
-    """Writes spans as OTLP/JSON lines, one ``ExportTraceServiceRequest`` per line, to
-    ``<directory>/spans-<pid>-loadgen.jsonl`` (the embedded sink's format, hex ids, string int64s).
-
-    Used only when ``stagescope.instrumentation.export`` is not importable."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.path = Path(directory) / f"spans-{os.getpid()}-loadgen.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not spans:
-            return SpanExportResult.SUCCESS
-        first = spans[0]
-        resource = first.resource.attributes if first.resource is not None else {}
-        encoded = []
-        for s in spans:
-            ctx = s.context
-            if ctx is None:
-                continue
-            encoded.append(
-                {
-                    "traceId": f"{ctx.trace_id:032x}",
-                    "spanId": f"{ctx.span_id:016x}",
-                    "name": s.name,
-                    "kind": int(s.kind.value) + 1,  # OTLP enum: SPAN_KIND_CLIENT = 3
-                    "startTimeUnixNano": str(s.start_time),
-                    "endTimeUnixNano": str(s.end_time),
-                    "attributes": [
-                        {"key": k, "value": _otlp_value(v)} for k, v in (s.attributes or {}).items()
-                    ],
-                    "status": {"code": 2, "message": s.status.description or ""}
-                    if s.status.status_code is StatusCode.ERROR
-                    else {},
-                }
-            )
-        line = {
-            "resourceSpans": [
-                {
-                    "resource": {
-                        "attributes": [{"key": k, "value": _otlp_value(v)} for k, v in resource.items()]
-                    },
-                    "scopeSpans": [
-                        {"scope": {"name": _SCOPE.name, "version": _SCOPE.version}, "spans": encoded}
-                    ],
-                }
-            ]
-        }
-        try:
-            with self.path.open("ab") as fh:
-                fh.write(orjson.dumps(line) + b"\n")
-        except OSError:
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-
 class ClientSpanWriter:
     """Turns finished :class:`RequestResult` rows into CLIENT spans and hands them to an exporter.
 
@@ -151,11 +71,13 @@ class ClientSpanWriter:
         *,
         spans_dir: str | os.PathLike[str] | None = None,
         exporter: SpanExporter | None = None,
-        service_name: str = LOADGEN_SERVICE_NAME,
+        service_name: str | None = None,
         method: str = "POST",
     ) -> None:
         if exporter is None:
-            exporter = _default_exporter(os.fspath(spans_dir) if spans_dir is not None else None)
+            from stagescope.instrumentation.export import make_span_exporter
+
+            exporter = make_span_exporter(spans_dir)
         self.exporter = exporter
         self.method = method
         self.url = url.rstrip("/")
@@ -164,7 +86,9 @@ class ClientSpanWriter:
             server_attributes.SERVER_ADDRESS: parts.hostname or "",
             server_attributes.SERVER_PORT: parts.port or (443 if parts.scheme == "https" else 80),
         }
-        self._resource = Resource.create({"service.name": service_name})
+        # explicit argument, then OTEL_SERVICE_NAME, then "stagescope-loadgen"
+        name = service_name or os.environ.get("OTEL_SERVICE_NAME") or LOADGEN_SERVICE_NAME
+        self._resource = Resource.create({"service.name": name})
 
     def span(self, r: RequestResult) -> ReadableSpan | None:
         """The CLIENT span of one request, or ``None`` if it was never sent."""
@@ -202,8 +126,15 @@ class ClientSpanWriter:
     def write(self, results: Sequence[RequestResult], batch: int = 512) -> int:
         """Export the spans of ``results`` in batches; returns how many spans were handed over."""
         spans = [s for s in (self.span(r) for r in results) if s is not None]
+        flush = getattr(self.exporter, "force_flush", None)
+        pending = 0
         for i in range(0, len(spans), batch):
-            self.exporter.export(spans[i : i + batch])
+            chunk = spans[i : i + batch]
+            self.exporter.export(chunk)
+            pending += len(chunk)
+            if flush is not None and pending >= 4096:  # let the bounded exporter queue drain
+                flush(30_000)
+                pending = 0
         return len(spans)
 
     def close(self) -> None:

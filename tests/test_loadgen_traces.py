@@ -27,7 +27,10 @@ def test_real_traces_match_their_provenance() -> None:
     conv = read_trace(AZURE_CONV)
     assert len(conv) == 19366 and conv.duration_s == pytest.approx(3502, abs=1)
     assert conv.prompt_tokens is not None and conv.output_tokens is not None
-    assert (conv.prompt_tokens[:3].tolist(), conv.output_tokens[:3].tolist()) == ([374, 396, 879], [44, 109, 55])
+    assert (conv.prompt_tokens[:3].tolist(), conv.output_tokens[:3].tolist()) == (
+        [374, 396, 879],
+        [44, 109, 55],
+    )
     code = read_trace(AZURE_CODE)
     assert len(code) == 8819 and code.duration_s == pytest.approx(3436, abs=1)
     moon = read_trace(MOONCAKE)
@@ -89,11 +92,27 @@ def test_offsets_csv_with_and_without_header(tmp_path: Path) -> None:
         ("empty.csv", "", "empty.csv: empty trace file"),
         ("blank.jsonl", "\n\n", "blank.jsonl: empty trace file"),
         ("header_only.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
-        ("bad_row.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396\n", "bad_row.csv:3: expected 3 fields"),
-        ("bad_count.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,44\n", "bad_count.csv:2: ContextTokens is not an integer"),
-        ("bad_time.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "bad_time.csv:2: bad TIMESTAMP"),
+        (
+            "bad_row.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396\n",
+            "bad_row.csv:3: expected 3 fields",
+        ),
+        (
+            "bad_count.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,44\n",
+            "bad_count.csv:2: ContextTokens is not an integer",
+        ),
+        (
+            "bad_time.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n",
+            "bad_time.csv:2: bad TIMESTAMP",
+        ),
         ("layout.csv", "when,tokens\n1,2\n", "layout.csv:1: unknown column layout"),
-        ("bad.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{"timestamp": 5,\n', "bad.jsonl:2: not JSON"),
+        (
+            "bad.jsonl",
+            '{"timestamp": 0, "input_length": 1, "output_length": 2}\n{"timestamp": 5,\n',
+            "bad.jsonl:2: not JSON",
+        ),
         ("missing.jsonl", '{"timestamp": 0, "input_length": 1}\n', "missing.jsonl:1: missing output_length"),
         ("neg.csv", "0\n-1\n", "neg.csv:2: offset must be"),
     ],
@@ -111,7 +130,18 @@ def test_cli_bad_trace_is_one_line_exit_2(tmp_path: Path) -> None:
     f = tmp_path / "bad.csv"
     f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "stagescope.cli", "load", "--url", "http://127.0.0.1:9", "--trace", str(f), "--out", str(tmp_path / "r.parquet")],
+        [
+            sys.executable,
+            "-m",
+            "stagescope.cli",
+            "load",
+            "--url",
+            "http://127.0.0.1:9",
+            "--trace",
+            str(f),
+            "--out",
+            str(tmp_path / "r.parquet"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
