@@ -142,7 +142,7 @@ def run_all(out: Path, *, duration_s: float, apply_lever: bool, port: int) -> in
             *([_ms(row.get("after_ms"))] if apply_lever else []), "yes" if ok else "[red]NO[/red]",
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    out_console.print(table)
+    out_console.print(table, width=None if out_console.is_terminal else 200)
     if mismatches:
         print(f"stagescope demo: {mismatches} scenario(s) did not match their true cause", file=sys.stderr)
         return 1

@@ -100,17 +100,28 @@ def check_writable(path: Path) -> None:
 
 
 def schedule_for(sc: Scenario, duration_s: float) -> Any:
-    """The real trace's arrival times scaled to the scenario's rate, with the scenario's request shapes."""
-    from stagescope.loadgen import build_schedule
+    """Real arrival times at the scenario's rate, with the scenario's request shapes.
 
-    sched = build_schedule(trace=ARRIVAL_TRACE, rate=sc.rate_rps, duration_s=duration_s)
-    n = len(sched)
+    The first ``rate x duration`` arrivals of the Azure trace are time-scaled to span ``duration_s``:
+    the replay keeps the trace's own burstiness and carries the scenario's mean rate over the run (a
+    whole-trace scale factor would not, since the trace's rate varies over its hour).
+    """
+    from stagescope.loadgen import Schedule, read_trace
+
+    trace = read_trace(str(ARRIVAL_TRACE)).shifted_to_zero()
+    k = max(1, round(sc.rate_rps * duration_s))
+    if len(trace) <= k:
+        raise UserError(f"{ARRIVAL_TRACE}: {len(trace)} arrivals, fewer than the {k} this run needs")
+    offsets = trace.offsets_s[:k] * (duration_s / float(trace.offsets_s[k]))
+    prompt = output = None
     if sc.route == GENERATE_ROUTE:
         w = sc.workload
-        prompt = np.array([w.prompt_tokens_of(i) for i in range(n)], dtype=np.int64)
-        output = np.full(n, w.max_tokens, dtype=np.int64)
-        return dataclasses.replace(sched, prompt_tokens=prompt, output_tokens=output, hash_ids=None)
-    return dataclasses.replace(sched, prompt_tokens=None, output_tokens=None, hash_ids=None)
+        prompt = np.array([w.prompt_tokens_of(i) for i in range(k)], dtype=np.int64)
+        output = np.full(k, w.max_tokens, dtype=np.int64)
+    return Schedule(
+        offsets_s=offsets, prompt_tokens=prompt, output_tokens=output, duration_s=duration_s,
+        source=f"{ARRIVAL_TRACE.name} (first {k} arrivals, time-scaled)", target_rate_rps=sc.rate_rps,
+    )  # fmt: skip
 
 
 class ServiceProcess:
