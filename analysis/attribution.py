@@ -52,13 +52,19 @@ class Attribution:
     columns: dict[str, str] = field(default_factory=dict)
     tail_mean_ms: float | None = None
     baseline_mean_ms: float | None = None
+    #: False when ``ss_breakdown`` holds only the tail candidates (``value_ms > lower_ms``) and a
+    #: sample of the baseline (large inputs); ``total`` is then the number of samples in the SLI view.
+    complete: bool = True
+    lower_ms: float | None = None
+    total: int = 0
+    view: SLIView | None = None
 
     @property
     def top(self) -> str | None:
         return self.rows[0]["stage"] if self.rows and self.rows[0]["excess_ms"] > 0 else None
 
 
-def stage_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict[str, str]:
     """Stage name -> safe column name, known stages first in vocabulary order, then any others.
 
     ``network`` is left out: it lies outside the server-side interval and is computed per request
@@ -66,44 +72,61 @@ def stage_columns(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     found = [
         r[0]
         for r in con.execute(
-            f"SELECT DISTINCT stage FROM stages WHERE stage IS NOT NULL AND stage <> {sql_str(STAGE_NETWORK)}"
+            f"SELECT DISTINCT stage FROM {table} WHERE stage IS NOT NULL AND stage <> {sql_str(STAGE_NETWORK)}"
         ).fetchall()
     ]
     ordered = [s for s in STAGES if s in found] + sorted(s for s in found if s not in STAGES)
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
 
-def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, str]:
-    """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column."""
-    cols = stage_columns(con)
-    case = (
-        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
-        if cols
-        else "NULL::INTEGER"
-    )
-    k_of = {c: i for i, c in enumerate(cols.values())}
+def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None = None) -> dict[str, str]:
+    """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
+
+    ``subset`` (a condition on ``value_ms`` and ``trace_id``) limits the requests broken down; the
+    verdict uses it on large inputs to break down the tail candidates and a sample of the baseline
+    only (see :func:`attribute`)."""
+    where = f"WHERE {subset}" if subset else ""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
         SELECT trace_id, min(start_unix_ns) AS t0, max(value_ms) AS value_ms,
                min(start_unix_ns) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1
-        FROM {view.name} GROUP BY trace_id"""
+        FROM {view.name} {where} GROUP BY trace_id"""
     )
-    iv = f"""SELECT s.trace_id, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a,
-                    least(s.end_unix_ns, r.t1) AS b, r.t1 - r.t0 AS span
-             FROM stages s JOIN ss_req r USING (trace_id)
-             WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0)
-               AND s.stage <> {sql_str(STAGE_NETWORK)}"""
-    sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
+    # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``)
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_st AS
+        SELECT s.trace_id, s.stage, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
+               r.t1 - r.t0 AS span
+        FROM stages s JOIN ss_req r USING (trace_id)
+        WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
+    )
+    cols = stage_columns(con, "ss_st")
+    case = (
+        "CASE stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+        if cols
+        else "NULL::INTEGER"
+    )
+    k_of = {c: i for i, c in enumerate(cols.values())}
+    # Fast path. Per (trace, stage): spans that share a common point (parallel fetches: max start <=
+    # min end) form one block, whose length is the stage's time; otherwise ``u`` is NULL. A trace whose
+    # stages are all single blocks and sum to at most the interval needs no sweep.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
-        SELECT trace_id, {sums},
-               (count(*) <> bit_count(bit_or(1::UBIGINT << k))) OR sum(b - a) > max(span) AS overlap
-        FROM ({iv}) GROUP BY trace_id"""
+        WITH per AS (
+            SELECT trace_id, {case} AS k, any_value(span) AS span,
+                   CASE WHEN max(a) <= min(b) THEN max(b) - min(a) END AS u
+            FROM ss_st GROUP BY trace_id, stage
+        )
+        SELECT trace_id, {", ".join(f"sum(u) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
+               bool_or(u IS NULL) OR sum(u) > max(span) AS overlap
+        FROM per GROUP BY trace_id"""
     )
-    # Critical path for traces whose stage spans overlap: elementary segments to the last-ending stage.
+    sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
+    # Critical path for the others: elementary segments go to the covering stage that ends last.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_sweep AS
-        WITH iv AS (SELECT * FROM ({iv}) WHERE trace_id IN (SELECT trace_id FROM ss_fast WHERE overlap)),
+        WITH iv AS (SELECT trace_id, {case} AS k, a, b FROM ss_st
+                    WHERE trace_id IN (SELECT trace_id FROM ss_fast WHERE overlap)),
         pts AS (SELECT trace_id, a AS t FROM iv UNION SELECT trace_id, b FROM iv),
         seg AS (SELECT trace_id, t AS a, lead(t) OVER (PARTITION BY trace_id ORDER BY t) AS b FROM pts),
         cov AS (SELECT seg.trace_id, seg.a, seg.b, arg_max(iv.k, iv.b) AS k
@@ -131,7 +154,7 @@ def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, 
         SELECT b.*, greatest(b.value_ms - ({total}), 0) AS unattributed, net.network
         FROM b LEFT JOIN net USING (trace_id)"""
     )
-    for t in ("ss_fast", "ss_sweep"):
+    for t in ("ss_fast", "ss_sweep", "ss_st"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
     return cols
 
@@ -181,7 +204,8 @@ def attribute(
         ex = None if tm is None or bm is None else tm - bm
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
         return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm)
-    cols = build_breakdown(con, view)
+    subset, lower = _subset(con, view, base, q_ms, p50_ms)
+    cols = build_breakdown(con, view, subset)
     parts = dict(cols)
     parts[UNATTRIBUTED] = UNATTRIBUTED
     has_net = con.execute(f"SELECT count(network) FROM {BREAKDOWN}").fetchone()
@@ -204,4 +228,37 @@ def attribute(
         t, b = vals[2 * i], vals[2 * i + 1]
         means[stage] = (t, b)
         excess[stage] = None if t is None or b is None else t - b
-    return Attribution(_rows(excess, means), int(tn), int(bn), tail, base, cols, tm, bm)
+    return Attribution(
+        _rows(excess, means), int(tn), int(bn), tail, base, cols, tm, bm, subset is None, lower, view.count, view
+    )
+
+
+#: Above this many samples the breakdown covers the tail candidates and a baseline sample only.
+FULL_BREAKDOWN_LIMIT = 200_000
+#: Baseline requests kept in the breakdown on large inputs (a deterministic hash sample).
+BASELINE_SAMPLE = 50_000
+
+
+def _subset(
+    con: duckdb.DuckDBPyConnection, view: SLIView, base: str, q_ms: float | None, p50_ms: float | None
+) -> tuple[str | None, float | None]:
+    """On large inputs: requests above ``lower`` (the tail and everything that could be in the SLO
+    quantile's neighbourhood: below the threshold, the SLO quantile and the ``1 - 10 * budget``
+    quantile) plus a hash sample of the baseline. Means from the sample are unbiased; counterfactual
+    quantiles are order statistics of the candidates (see counterfactual)."""
+    if view.count <= FULL_BREAKDOWN_LIMIT:
+        return None, None
+    q = view.slo.quantile
+    q_low = max(0.5, 1.0 - 10.0 * (1.0 - q))
+    row = con.execute(
+        f"SELECT quantile_cont(value_ms, {q_low}), count(*) FILTER (WHERE {base}) FROM {view.name}"
+    ).fetchone()
+    assert row is not None
+    lower = min(view.slo.threshold_ms, float(q_ms if q_ms is not None else view.slo.threshold_ms), float(row[0]))
+    rate = min(1.0, BASELINE_SAMPLE / max(int(row[1]), 1))
+    return f"value_ms > {lower!r} OR (({base}) AND {rank_sql()} < {rate!r})", lower
+
+
+def rank_sql(col: str = "trace_id") -> str:
+    """A deterministic pseudo-uniform rank in [0, 1) from a column (DuckDB ``hash``)."""
+    return f"((hash({col}) % 1000003) / 1000003.0)"

@@ -40,7 +40,7 @@ import duckdb
 
 from stagescope import names as N
 from stagescope.analysis import queueing as Q
-from stagescope.analysis.attribution import BREAKDOWN, Attribution
+from stagescope.analysis.attribution import BREAKDOWN, Attribution, build_breakdown
 from stagescope.analysis.breach import SLIView, sql_str
 
 __all__ = ["LEVER_SPEEDUP", "batch_wait_cap_ms", "lever_prediction", "stage_counterfactuals"]
@@ -58,7 +58,35 @@ _CAP_TO_BASELINE: dict[str, str] = {
 }
 
 
-def _q(con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float) -> float | None:
+def _q(
+    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, attr: Attribution | None = None
+) -> float | None:
+    """Quantile ``q`` of ``expr`` over ``src``. When ``attr`` says the breakdown holds only the
+    candidates above ``lower_ms`` (large inputs), the quantile is the matching order statistic of the
+    candidates' new values: every other request stays at or below ``lower_ms`` (a lever only removes
+    time), so it is exact whenever it lands above ``lower_ms``; otherwise the full breakdown is built
+    and the quantile recomputed."""
+    if attr is not None and not attr.complete and attr.view is not None and attr.lower_ms is not None:
+        n = attr.total
+        h = q * (n - 1)
+        j = int(h)
+        frac = h - j
+        row = con.execute(f"SELECT count(*) FROM {src} WHERE value_ms > {attr.lower_ms!r}").fetchone()
+        m = int(row[0]) if row else 0
+        idx = m - (n - j)
+        if idx >= 0:
+            vals = [
+                float(r[0])
+                for r in con.execute(
+                    f"SELECT v FROM (SELECT {expr} AS v FROM {src} WHERE value_ms > {attr.lower_ms!r}) "
+                    f"ORDER BY v LIMIT 2 OFFSET {idx}"
+                ).fetchall()
+            ]
+            if vals and vals[0] > attr.lower_ms:
+                v1 = vals[1] if len(vals) > 1 else vals[0]
+                return round(vals[0] + frac * (v1 - vals[0]), 3)
+        build_breakdown(con, attr.view)  # the lever moves the quantile below the candidates: go full
+        attr.complete = True
     row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
     return None if row is None or row[0] is None else round(float(row[0]), 3)
 
@@ -84,20 +112,14 @@ def stage_counterfactuals(
     if not view.per_request:
         return {}
     q = view.slo.quantile
-    exprs = []
-    stages = []
+    out: dict[str, float | None] = {}
     for row in attr.rows:
         col = _col(attr, row["stage"])
         if col is None or row["stage"] == N.UNATTRIBUTED:
             continue
         cap = _base_q(ev, row["stage"])
-        stages.append(row["stage"])
-        exprs.append(f"quantile_cont(value_ms - greatest({col} - {cap!r}, 0), {q})")
-    if not exprs:
-        return {}
-    vals = con.execute(f"SELECT {', '.join(exprs)} FROM {BREAKDOWN}").fetchone()
-    assert vals is not None
-    return {s: (None if v is None else round(float(v), 3)) for s, v in zip(stages, vals, strict=True)}
+        out[row["stage"]] = _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr)
+    return out
 
 
 def batch_wait_cap_ms(ev: dict[str, Any]) -> float:
@@ -161,7 +183,7 @@ def _scale_out(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution,
     if model.utilization >= 0.999:
         return None
     wait = model.wait_ms_sql(Q.uniform_rank_sql())
-    pred = _q(con, BREAKDOWN, f"value_ms - {col} + {wait}", view.slo.quantile)
+    pred = _q(con, BREAKDOWN, f"value_ms - {col} + {wait}", view.slo.quantile, attr)
     return pred, (
         f"executors {m['executors']:.0f} -> {c2}: queue wait of a G/G/{c2} queue (Allen-Cunneen) at "
         f"{m['lam_per_s']:.1f} req/s, {m['service_ms']:.1f} ms of executor time per request "
@@ -169,7 +191,7 @@ def _scale_out(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution,
     )
 
 
-def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) -> tuple[float | None, str] | None:
+def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
     row = con.execute(f"SELECT quantile_cont({col}, 0.05) FROM {BREAKDOWN}").fetchone()
     arr = Q.arrivals(con, view.name)
     if row is None or row[0] is None or arr.rate_per_s <= 0:
@@ -179,7 +201,7 @@ def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) -> tuple[f
     k = Q.servers_for(a, view.slo.error_budget, start=2)
     model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
     wait = model.wait_ms_sql(Q.uniform_rank_sql())
-    pred = _q(con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile)
+    pred = _q(con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile, attr)
     return pred, (
         f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {k} workers, "
         f"the smallest with under {view.slo.error_budget:.1%} of requests waiting at {arr.rate_per_s:.1f} req/s"
@@ -207,6 +229,7 @@ def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribu
         _with_requests("any_value(batch_size) AS batch"),
         f"value_ms - greatest({col} - {cap!r}, 0) - {shrink}",
         view.slo.quantile,
+        attr,
     )
     return pred, f"batch wait capped at {cap:g} ms{note}"
 
@@ -224,17 +247,17 @@ def lever_prediction(
         if got is not None:
             return got
     if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and stage == N.STAGE_PREPROCESS:
-        got = _offload(con, view, col)
+        got = _offload(con, view, attr, col)
         if got is not None:
             return got
     if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
-        got = _chunked_prefill(con, view, col)
+        got = _chunked_prefill(con, view, attr, col)
         if got is not None:
             return got
     if lever in _CAP_TO_BASELINE and col is not None:
         cap = _base_q(ev, stage)
         return (
-            _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q),
+            _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr),
             f"{stage} capped at its baseline p{q * 100:g} ({cap:.1f} ms)",
         )
     if lever == N.LEVER_PREWARM and col is not None:
@@ -245,7 +268,7 @@ def lever_prediction(
         )
         backlog = f" - CASE WHEN {col} > 0 OR coalesce(cold, false) THEN {caps} ELSE 0 END" if caps else ""
         return (
-            _q(con, _with_requests("bool_or(cold_start) AS cold"), f"value_ms - {col}{backlog}", q),
+            _q(con, _with_requests("bool_or(cold_start) AS cold"), f"value_ms - {col}{backlog}", q, attr),
             "cold-start time removed, and the backlog it caused (queue and batch wait of the requests that "
             "waited for the load, capped at their baseline)",
         )
@@ -259,7 +282,7 @@ def lever_prediction(
         rho2 = rho * f
         qf = (rho2 / (1 - rho2)) / (rho / (1 - rho))
         return (
-            _q(con, BREAKDOWN, f"value_ms - {comp} * {1 - f!r} - {queue} * {1 - qf!r}", q),
+            _q(con, BREAKDOWN, f"value_ms - {comp} * {1 - f!r} - {queue} * {1 - qf!r}", q, attr),
             f"compute x{f:g}; queue x{qf:.2f} (M/M/1 at utilization {rho:.0%} -> {rho2:.0%})",
         )
     if lever == N.LEVER_CACHE_RESULTS:
@@ -277,12 +300,13 @@ def lever_prediction(
                 f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, true AS hit FROM ss_hits) USING (trace_id)",
                 f"value_ms - CASE WHEN hit THEN {saved} ELSE 0 END",
                 q,
+                attr,
             ),
             "repeated inputs (every repeat of an input hash) served from the cache: no batch wait, queue, compute",
         )
     if col is not None:
         cap = _base_q(ev, stage)
-        return _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q), f"{stage} capped at its baseline"
+        return _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr), f"{stage} capped at its baseline"
     return None, "no model for this stage"
 
 
@@ -311,7 +335,7 @@ def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str,
     return _q(con, view.name, f"least(value_ms, {base * 1.5!r})", q), "slow gaps capped at 1.5x the median gap"
 
 
-def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) -> tuple[float | None, str] | None:
+def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
     """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
     behind a long prefill for more than one chunked step. Intrinsic prefill of a request = the p10 of
     the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
@@ -334,6 +358,7 @@ def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, col: str) ->
         ),
         f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + {step!r})",
         view.slo.quantile,
+        attr,
     )
     return pred, (
         f"prefill waits at most one chunked step ({step:.1f} ms: a {gap:.1f} ms decode step plus "

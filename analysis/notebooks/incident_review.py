@@ -30,6 +30,8 @@ SCENARIO = "slow-feature-store"  # synthetic incident used when TRACES is empty
 SYNTHETIC_REQUESTS = 2000
 
 # %%
+from typing import Any
+
 import duckdb
 import polars as pl
 from IPython.display import HTML, Image, display
@@ -38,6 +40,7 @@ from stagescope.analysis import plots
 from stagescope.analysis.api import analyze, frames
 from stagescope.analysis.report import to_text
 
+dataset: Any
 if TRACES:
     from stagescope.analysis.ingest import load_dataset
 
