@@ -80,36 +80,51 @@ def _beside_queue() -> list[Any]:
     ]
 
 
-def _per_request(counter: str, window: str | None) -> str:
-    """Triton: seconds of ``counter`` (cumulative microseconds) per successful request, per model."""
-    num = sel(counter, TRITON_SCOPE)
-    den = sel(names.TRITON_REQUEST_SUCCESS, TRITON_SCOPE)
+TRITON_COMPUTE = (
+    names.TRITON_COMPUTE_INPUT_US,
+    names.TRITON_COMPUTE_INFER_US,
+    names.TRITON_COMPUTE_OUTPUT_US,
+)
+
+
+def _per_request(counters: tuple[str, ...], window: str | None) -> str:
+    """Triton: seconds of ``counters`` (cumulative microseconds, summed) per successful request, per model;
+    over ``window``, or over the server's lifetime when ``window`` is None."""
     by = ("model",)
-    if window is not None:
-        num, den = rate(num, window), rate(den, window)
-    return f"{sum_by(num, by)}\n/\n{sum_by(den, by)}\n/ 1e6"
+
+    def total(metric: str) -> str:
+        series = sel(metric, TRITON_SCOPE)
+        return sum_by(series if window is None else rate(series, window), by)
+
+    num = "\n+\n".join(total(c) for c in counters)
+    return f"(\n{num}\n)\n/\n{total(names.TRITON_REQUEST_SUCCESS)}\n/ 1e6"
 
 
 def _triton() -> list[Any]:
-    compute = (names.TRITON_COMPUTE_INPUT_US, names.TRITON_COMPUTE_INFER_US, names.TRITON_COMPUTE_OUTPUT_US)
+    queue_vs_compute = [((names.TRITON_QUEUE_DURATION_US,), "queue"), (TRITON_COMPUTE, "compute")]
     phases = [
-        (names.TRITON_QUEUE_DURATION_US, "queue"),
-        *zip(compute, ("compute input", "compute infer", "compute output"), strict=True),
+        ((names.TRITON_QUEUE_DURATION_US,), "queue"),
+        *(
+            ((c,), label)
+            for c, label in zip(
+                TRITON_COMPUTE, ("compute input", "compute infer", "compute output"), strict=True
+            )
+        ),
     ]
     return [
         p.timeseries(
             "Triton: queue vs compute per request",
             "Mean seconds per successful request over the window: rate(nv_inference_queue_duration_us) / "
-            "rate(nv_inference_request_success), and the three compute phases. Queue growing while compute "
-            "stays flat = the model instance is saturated.",
-            [p.target(_per_request(c, d.RATE), f"{label} {{{{model}}}}") for c, label in phases],
+            "rate(nv_inference_request_success), and the same for compute (compute_input + compute_infer + "
+            "compute_output). Queue growing while compute stays flat = the model instance is saturated.",
+            [p.target(_per_request(c, d.RATE), f"{label} {{{{model}}}}") for c, label in queue_vs_compute],
             "s",
             stack=True,
         ),
         p.timeseries(
             "Triton: queue vs compute per request since server start",
-            "The same ratio over Triton's cumulative counters (whole server lifetime), for a server with "
-            "little recent traffic.",
+            "Queue and the three compute phases (input, infer, output) per successful request over Triton's "
+            "cumulative counters: the whole server lifetime, also readable for a server with no recent traffic.",
             [p.target(_per_request(c, None), f"{label} {{{{model}}}}") for c, label in phases],
             "s",
             stack=True,

@@ -166,6 +166,32 @@ def _load() -> list[Any]:
     ]  # fmt: skip
 
 
+def _lifecycle() -> list[Any]:
+    loads = sel(names.METRIC_MODEL_LOADS, d.scope())
+    exported = sel(names.METRIC_SPANS_EXPORTED, d.scope(model=False))
+    dropped = sel(names.METRIC_SPANS_DROPPED, d.scope(model=False))
+    return [
+        p.timeseries(
+            "Model readiness and (re)loads",
+            "stagescope_model_ready (1 = loaded and serving) and model loads in the window: a load on live "
+            "traffic shows up as the cold_start stage.",
+            [p.target(f"max by (model) ({sel(names.METRIC_MODEL_READY, d.scope())})", "ready {{model}}"),
+             p.target(sum_by(rate(loads, d.RATE, "increase"), (names.LABEL_MODEL,)), "loads {{model}}")],
+            "short",
+        ),
+        p.timeseries(
+            "Telemetry: spans exported and dropped per second",
+            "Spans handed to the exporter, and spans dropped (exporter down, buffer full) by reason. "
+            "Telemetry never blocks a request: what it cannot send is dropped and counted here. "
+            "No dropped series until the first drop.",
+            [p.target(sum_by(rate(exported, d.RATE), (names.LABEL_EXPORTER,)), "exported {{exporter}}"),
+             p.target(sum_by(rate(dropped, d.RATE), (names.LABEL_EXPORTER, names.LABEL_REASON)),
+                      "dropped {{exporter}} {{reason}}")],
+            "short",
+        ),
+    ]  # fmt: skip
+
+
 def dashboard() -> Any:
     """The "where the time goes" dashboard (uid ``stagescope-latency``)."""
     panels = p.layout(
@@ -174,6 +200,7 @@ def dashboard() -> Any:
             ("Latency", [_latency()]),
             ("Where the time goes", [_stages(), _waiting_vs_working()]),
             ("Load and batching", [_load()]),
+            ("Model and telemetry", [_lifecycle()]),
         ]
     )
     return p.dashboard(

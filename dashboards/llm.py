@@ -53,6 +53,9 @@ def _stagescope_latency() -> list[Any]:
                      dashed=["SLO threshold.*"]),
         p.timeseries("Time per output token (TPOT)", TPOT_DEF + " Seconds.",
                      _quantiles(names.METRIC_GENAI_TPOT, d.scope()), "s"),
+        p.timeseries("Token request duration (e2e)", "gen_ai_server_request_duration_seconds: arrival at the "
+                     "server -> last token written, for requests that produced or consumed tokens. Seconds.",
+                     _quantiles(names.METRIC_GENAI_REQUEST_DURATION, d.scope()), "s"),
     ]  # fmt: skip
 
 

@@ -11,9 +11,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelQuery", "VariableQuery", "fill", "panel_queries", "variable_queries"]
+__all__ = ["PanelQuery", "VariableQuery", "fill", "metric_names", "panel_queries", "variable_queries"]
 
 _VAR = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+_NOT_METRICS = frozenset(
+    {
+        "sum", "max", "min", "avg", "count", "rate", "increase", "irate", "histogram_quantile", "vector",
+        "scalar", "by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
+        "avg_over_time", "sum_over_time", "count_over_time", "max_over_time", "min_over_time", "round",
+        "abs", "clamp_min", "clamp_max", "absent", "label_replace", "topk", "bottomk", "e6", "inf", "nan",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,17 @@ def variable_queries(dashboard: Mapping[str, Any]) -> list[VariableQuery]:
             text = q.get("query") if isinstance(q, dict) else q
             out.append(VariableQuery(str(dashboard.get("uid")), str(v["name"]), str(text), v.get("allValue")))
     return out
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (a lexical approximation that is exact for the
+    expressions stagescope generates: strings, matchers, ranges and label lists are removed first)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    tokens = re.findall(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", text)
+    return {t for t in tokens if t.lower() not in _NOT_METRICS}
 
 
 def fill(expr: str, values: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ import pytest
 from stagescope import names
 from stagescope.cli import main
 from stagescope.dashboards.build import DASHBOARDS, rendered
-from stagescope.dashboards.queries import panel_queries, variable_queries
+from stagescope.dashboards.queries import metric_names, panel_queries, variable_queries
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "dashboards" / "generated"
@@ -82,21 +82,6 @@ def test_structure(name: str) -> None:
         assert v.query.startswith("label_values(") and v.all_value == ".*"
 
 
-_FUNCS_AND_KEYWORDS = {
-    "sum", "max", "min", "avg", "count", "rate", "increase", "histogram_quantile", "vector", "by", "on",
-    "ignoring", "group_left", "group_right", "and", "or", "unless", "avg_over_time", "sum_over_time",
-    "count_over_time", "e6", "offset",
-}  # fmt: skip
-
-
-def _metric_tokens(expr: str) -> set[str]:
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)  # strings
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
-    text = re.sub(r"\b(by|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)  # label lists
-    return {t for t in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text) if t not in _FUNCS_AND_KEYWORDS}
-
-
 def test_every_metric_name_comes_from_names() -> None:
     known = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
     known |= {names.RULE_SLI_ERROR_RATIO_FORMAT.format(window=w) for w in names.SLO_WINDOWS}
@@ -104,7 +89,7 @@ def test_every_metric_name_comes_from_names() -> None:
     known.add("ALERTS")
     for name in DASHBOARDS:
         for q in panel_queries(_load(name)):
-            unknown = _metric_tokens(q.expr) - known
+            unknown = metric_names(q.expr) - known
             assert not unknown, f"{name} / {q.panel}: {unknown} not in stagescope.names"
 
 
