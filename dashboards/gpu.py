@@ -32,19 +32,19 @@ def _gauge(metric: str) -> p.PromTarget:
 def _dcgm() -> list[list[Any]]:
     return [
         [
-            p.timeseries("GPU utilization", "DCGM_FI_DEV_GPU_UTIL: percent of time a kernel ran (0-100).",
+            p.timeseries("GPU utilization", f"{names.DCGM_GPU_UTIL}: percent of time a kernel ran (0-100).",
                          [_gauge(names.DCGM_GPU_UTIL)], "percent"),
-            p.timeseries("Framebuffer memory used / free", "DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_FB_FREE, MiB.",
+            p.timeseries("Framebuffer memory used / free", f"{names.DCGM_FB_USED} and {names.DCGM_FB_FREE}, MiB.",
                          [p.target(sel(names.DCGM_FB_USED, GPU_SCOPE), "used " + GPU_LEGEND),
                           p.target(sel(names.DCGM_FB_FREE, GPU_SCOPE), "free " + GPU_LEGEND)], "decmbytes"),
-            p.timeseries("Power", "DCGM_FI_DEV_POWER_USAGE, watts.", [_gauge(names.DCGM_POWER_USAGE)], "watt"),
+            p.timeseries("Power", f"{names.DCGM_POWER_USAGE}, watts.", [_gauge(names.DCGM_POWER_USAGE)], "watt"),
         ],
         [
-            p.timeseries("SM clock", "DCGM_FI_DEV_SM_CLOCK, MHz (drops under thermal or power throttling).",
+            p.timeseries("SM clock", f"{names.DCGM_SM_CLOCK}, MHz (drops under thermal or power throttling).",
                          [_gauge(names.DCGM_SM_CLOCK)], "rotmhz"),
-            p.timeseries("Temperature", "DCGM_FI_DEV_GPU_TEMP, degrees Celsius.", [_gauge(names.DCGM_GPU_TEMP)],
+            p.timeseries("Temperature", f"{names.DCGM_GPU_TEMP}, degrees Celsius.", [_gauge(names.DCGM_GPU_TEMP)],
                          "celsius"),
-            p.timeseries("XID errors (last XID code)", "DCGM_FI_DEV_XID_ERRORS: the code of the last XID error "
+            p.timeseries("XID errors (last XID code)", f"{names.DCGM_XID_ERRORS}: the code of the last XID error "
                          "(0 = none). Any non-zero value is worth a look (NVIDIA's XID catalogue).",
                          [_gauge(names.DCGM_XID_ERRORS)], "none"),
         ],
@@ -114,8 +114,8 @@ def _triton() -> list[Any]:
     return [
         p.timeseries(
             "Triton: queue vs compute per request",
-            "Mean seconds per successful request over the window: rate(nv_inference_queue_duration_us) / "
-            "rate(nv_inference_request_success), and the same for compute (compute_input + compute_infer + "
+            f"Mean seconds per successful request over the window: rate({names.TRITON_QUEUE_DURATION_US}) / "
+            f"rate({names.TRITON_REQUEST_SUCCESS}), and the same for compute (compute_input + compute_infer + "
             "compute_output). Queue growing while compute stays flat = the model instance is saturated.",
             [p.target(_per_request(c, d.RATE), f"{label} {{{{model}}}}") for c, label in queue_vs_compute],
             "s",
@@ -131,7 +131,7 @@ def _triton() -> list[Any]:
         ),
         p.timeseries(
             "Triton: pending requests and GPU utilization",
-            "nv_inference_pending_request_count (left) and nv_gpu_utilization (right, 0-1).",
+            f"{names.TRITON_PENDING} (left) and {names.TRITON_GPU_UTILIZATION} (right, 0-1).",
             [p.target(sum_by(sel(names.TRITON_PENDING, TRITON_SCOPE), ("model",)), "pending {{model}}"),
              p.target(f"avg by (gpu_uuid) ({names.TRITON_GPU_UTILIZATION})", "GPU {{gpu_uuid}}")],
             "short",

@@ -86,7 +86,7 @@ def _stages() -> list[Any]:
     return [
         p.timeseries(
             "Per-stage p99",
-            "99th percentile of each stage interval, seconds (stagescope_stage_duration_seconds). "
+            f"99th percentile of each stage interval, seconds ({names.METRIC_STAGE_DURATION}). "
             "Waiting stages: batch_wait (enqueue -> batch closed), queue (batch closed -> executor start), "
             "cold_start; working stages: compute (GPU execution), preprocess, ... p99s do not add up.",
             [p.target(histogram_quantile(0.99, STAGE, d.scope(), d.RATE, (names.LABEL_STAGE,)), "{{stage}}",
@@ -147,7 +147,7 @@ def _load() -> list[Any]:
         ),
         p.timeseries(
             "Batch size",
-            "Items per executed batch: p50, p99 and mean (stagescope_batch_size).",
+            f"Items per executed batch: p50, p99 and mean ({names.METRIC_BATCH_SIZE}).",
             [
                 p.target(histogram_quantile(0.5, batch, d.scope(), d.RATE), "p50"),
                 p.target(histogram_quantile(0.99, batch, d.scope(), d.RATE), "p99"),
@@ -173,7 +173,7 @@ def _lifecycle() -> list[Any]:
     return [
         p.timeseries(
             "Model readiness and (re)loads",
-            "stagescope_model_ready (1 = loaded and serving) and model loads in the window: a load on live "
+            f"{names.METRIC_MODEL_READY} (1 = loaded and serving) and model loads in the window: a load on live "
             "traffic shows up as the cold_start stage.",
             [p.target(f"max by (model) ({sel(names.METRIC_MODEL_READY, d.scope())})", "ready {{model}}"),
              p.target(sum_by(rate(loads, d.RATE, "increase"), (names.LABEL_MODEL,)), "loads {{model}}")],

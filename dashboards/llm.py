@@ -53,7 +53,7 @@ def _stagescope_latency() -> list[Any]:
                      dashed=["SLO threshold.*"]),
         p.timeseries("Time per output token (TPOT)", TPOT_DEF + " Seconds.",
                      _quantiles(names.METRIC_GENAI_TPOT, d.scope()), "s"),
-        p.timeseries("Token request duration (e2e)", "gen_ai_server_request_duration_seconds: arrival at the "
+        p.timeseries("Token request duration (e2e)", f"{names.METRIC_GENAI_REQUEST_DURATION}: arrival at the "
                      "server -> last token written, for requests that produced or consumed tokens. Seconds.",
                      _quantiles(names.METRIC_GENAI_REQUEST_DURATION, d.scope()), "s"),
     ]  # fmt: skip
@@ -96,11 +96,11 @@ def _stagescope_work() -> list[Any]:
 
 def _vllm_latency() -> list[Any]:
     return [
-        p.timeseries("vLLM: time to first token", "vllm:time_to_first_token_seconds. " + TTFT_DEF,
+        p.timeseries("vLLM: time to first token", f"{names.VLLM_TTFT}. " + TTFT_DEF,
                      _quantiles(names.VLLM_TTFT, VLLM_SCOPE), "s"),
-        p.timeseries("vLLM: inter-token latency", "vllm:inter_token_latency_seconds. " + ITL_DEF,
+        p.timeseries("vLLM: inter-token latency", f"{names.VLLM_ITL}. " + ITL_DEF,
                      _quantiles(names.VLLM_ITL, VLLM_SCOPE), "s"),
-        p.timeseries("vLLM: time per output token", "vllm:request_time_per_output_token_seconds. " + TPOT_DEF,
+        p.timeseries("vLLM: time per output token", f"{names.VLLM_TPOT}. " + TPOT_DEF,
                      _quantiles(names.VLLM_TPOT, VLLM_SCOPE), "s"),
     ]  # fmt: skip
 
@@ -115,7 +115,7 @@ def _vllm_work() -> list[Any]:
     return [
         p.timeseries(
             "vLLM: tokens per second",
-            "vllm:generation_tokens_total and vllm:prompt_tokens_total, per second.",
+            f"{names.VLLM_GENERATION_TOKENS} and {names.VLLM_PROMPT_TOKENS}, per second.",
             [p.target(sum_by(rate(sel(names.VLLM_GENERATION_TOKENS, VLLM_SCOPE), d.RATE), by_model),
                       "generated {{model_name}}"),
              p.target(sum_by(rate(sel(names.VLLM_PROMPT_TOKENS, VLLM_SCOPE), d.RATE), by_model),
@@ -124,14 +124,14 @@ def _vllm_work() -> list[Any]:
         ),
         p.timeseries(
             "vLLM: queue, prefill and decode (mean per request)",
-            "vllm:request_queue_time_seconds (QUEUED -> SCHEDULED), request_prefill_time_seconds and "
+            f"{names.VLLM_QUEUE_TIME} (QUEUED -> SCHEDULED), request_prefill_time_seconds and "
             "request_decode_time_seconds: mean seconds per finished request.",
             [p.target(_mean(metric, VLLM_SCOPE), label) for metric, label in phases],
             "s",
         ),
         p.timeseries(
             "vLLM: running and waiting requests, KV cache use",
-            "vllm:num_requests_running, vllm:num_requests_waiting (left) and vllm:kv_cache_usage_perc (right, 0-1).",
+            f"{names.VLLM_NUM_RUNNING}, {names.VLLM_NUM_WAITING} (left) and {names.VLLM_KV_CACHE_USAGE} (right, 0-1).",
             [p.target(sum_by(sel(names.VLLM_NUM_RUNNING, VLLM_SCOPE), by_model), "running {{model_name}}"),
              p.target(sum_by(sel(names.VLLM_NUM_WAITING, VLLM_SCOPE), by_model), "waiting {{model_name}}"),
              p.target(f"max by ({names.VLLM_LABEL_MODEL}) ({sel(names.VLLM_KV_CACHE_USAGE, VLLM_SCOPE)})",

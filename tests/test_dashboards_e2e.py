@@ -98,7 +98,9 @@ def _wait(ready: Callable[[], bool], what: str, timeout: float, log: Path) -> No
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             pass
         time.sleep(0.2)
-    pytest.fail(f"{what} not ready after {timeout:.0f} s; log tail:\n{log.read_text(errors='replace')[-3000:]}")
+    pytest.fail(
+        f"{what} not ready after {timeout:.0f} s; log tail:\n{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -208,7 +210,9 @@ async def _drive(url: str, seconds: float) -> dict[str, int]:
 
     async def generate(client: httpx.AsyncClient) -> None:
         prompt = " ".join(rng.choice(words) for _ in range(rng.randrange(8, 64)))
-        async with client.stream("POST", f"{url}/v1/generate", json={"prompt": prompt, "max_tokens": 24}) as r:
+        async with client.stream(
+            "POST", f"{url}/v1/generate", json={"prompt": prompt, "max_tokens": 24}
+        ) as r:
             async for _ in r.aiter_bytes():
                 pass
         statuses[f"generate {r.status_code}"] = statuses.get(f"generate {r.status_code}", 0) + 1
@@ -292,7 +296,9 @@ def _why(prom: str, outcome: Outcome, end: float) -> str:
     return "series exist but none matched after aggregation"
 
 
-def _variable_values(prom: str, dash: dict[str, Any], values: dict[str, str], start: float, end: float) -> dict[str, list[str]]:
+def _variable_values(
+    prom: str, dash: dict[str, Any], values: dict[str, str], start: float, end: float
+) -> dict[str, list[str]]:
     out = {}
     for v in variable_queries(dash):
         inner = fill(v.query, values).removeprefix("label_values(").removesuffix(")")
@@ -322,14 +328,20 @@ def test_every_panel_query_against_a_real_prometheus(prometheus: str, service: s
 
     # the breach pages, the healthy LLM SLOs do not
     alerts = _get(f"{prometheus}/api/v1/alerts")["data"]["alerts"]
-    firing = sorted({(a["labels"]["alertname"], a["labels"][names.LABEL_SLO]) for a in alerts if a["state"] == "firing"})
+    firing = sorted(
+        {(a["labels"]["alertname"], a["labels"][names.LABEL_SLO]) for a in alerts if a["state"] == "firing"}
+    )
     print(f"alerts firing: {firing}")
     assert (names.ALERT_FAST_BURN, "predict-latency") in firing
     assert not [f for f in firing if f[1] != "predict-latency"], firing
 
     # exemplars: latency buckets carry the trace ids of kept traces
-    params = urllib.parse.urlencode({"query": f"{names.METRIC_REQUEST_DURATION}_bucket", "start": t0, "end": t1})
-    exemplars = [e for s in _get(f"{prometheus}/api/v1/query_exemplars?{params}")["data"] for e in s["exemplars"]]
+    params = urllib.parse.urlencode(
+        {"query": f"{names.METRIC_REQUEST_DURATION}_bucket", "start": t0, "end": t1}
+    )
+    exemplars = [
+        e for s in _get(f"{prometheus}/api/v1/query_exemplars?{params}")["data"] for e in s["exemplars"]
+    ]
     print(f"exemplars on {names.METRIC_REQUEST_DURATION}_bucket: {len(exemplars)}")
     assert exemplars and all(len(e["labels"]["trace_id"]) == 32 for e in exemplars)
 
@@ -368,9 +380,13 @@ def test_every_panel_query_against_a_real_prometheus(prometheus: str, service: s
 
 
 #: Metric names only the recorded vLLM and Triton scrapes provide (their counters never move).
-RECORDED_ONLY = {v for k, v in vars(names).items() if k.startswith(("VLLM_", "TRITON_")) and isinstance(v, str)}
+RECORDED_ONLY = {
+    v for k, v in vars(names).items() if k.startswith(("VLLM_", "TRITON_")) and isinstance(v, str)
+}
 
 
 def _reads_recording(o: Outcome) -> bool:
-    base = {m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for m in metric_names(o.expr)}
+    base = {
+        m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for m in metric_names(o.expr)
+    }
     return bool(base & RECORDED_ONLY)
