@@ -6,13 +6,16 @@
 2. Trace replay: the Azure conversation trace at speedup 10 for 20 s. Prints the two-sample KS
    statistic of the actual send gaps against the trace's gaps for the same requests, and of the whole
    replay schedule against the trace's own gaps / 10 (parsed independently). Target: <= 0.05.
+   With ``--realtime`` the same again with the sender and loop threads under SCHED_FIFO
+   (``stagescope load --realtime``): on a busy shared machine this is what keeps the timing. Section 2
+   then runs under SCHED_FIFO too.
 3. With ``--stall``: coordinated omission, open loop (capped at 4 in flight) and closed loop
    (4 workers) at once against an endpoint that stalls 1 s every 10 s; prints both p99s.
 
 The machine is shared: timing figures depend on what else runs; the 1-minute load average is printed
 with each section.
 
-    .venv/bin/python benchmarks/loadgen.py [--rate 1000] [--duration 20] [--stall] [--json]
+    .venv/bin/python benchmarks/loadgen.py [--rate 1000] [--duration 20] [--realtime] [--stall] [--json]
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def rate_and_lag(rate: float, duration: float) -> dict[str, object]:
+def rate_and_lag(rate: float, duration: float, realtime: bool = False) -> dict[str, object]:
     schedule = build_schedule(rate=rate, duration_s=duration, arrival="poisson", seed=1)
     with spawn() as url:
-        run = asyncio.run(run_load(url, schedule, route="/v1/predict"))
+        run = asyncio.run(run_load(url, schedule, route="/v1/predict", realtime=realtime))
     s = run.summary
     lag = s.send_lag_ms
     return {
@@ -61,11 +64,12 @@ def rate_and_lag(rate: float, duration: float) -> dict[str, object]:
         "naive_latency_p99_ms": s.naive_latency_ms["p99"],
         "rate_within_2pct": abs(s.achieved_rate_rps / rate - 1.0) <= 0.02,
         "lag_p99_within_2ms": (lag["p99"] or 0.0) <= 2.0,
+        "realtime": s.realtime,
         "load_average_1m": _load(),
     }
 
 
-def replay(duration: float) -> dict[str, object]:
+def replay(duration: float, realtime: bool = False) -> dict[str, object]:
     full = build_schedule(trace=AZURE_CONV, speedup=10)
     stamps = [
         datetime.strptime(line.split(",")[0][:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
@@ -74,7 +78,7 @@ def replay(duration: float) -> dict[str, object]:
     reference = np.diff(np.sort(stamps)) / 10.0
     schedule = full.limited(duration)
     with spawn() as url:
-        run = asyncio.run(run_load(url, schedule, route="/v1/predict"))
+        run = asyncio.run(run_load(url, schedule, route="/v1/predict", realtime=realtime))
     t = run.table.sort_by("request_id")
     sent = np.sort(np.asarray(t["sent_unix_ns"], dtype=np.int64)) / 1e9
     intended = np.asarray(t["intended_unix_ns"], dtype=np.int64) / 1e9
@@ -83,6 +87,7 @@ def replay(duration: float) -> dict[str, object]:
         "ks_sent_vs_intended_gaps": float(ks_2samp(np.diff(sent), np.diff(intended)).statistic),
         "ks_schedule_vs_trace_gaps": float(ks_2samp(np.diff(full.offsets_s), reference).statistic),
         "send_lag_p99_ms": run.summary.send_lag_ms["p99"],
+        "realtime": run.summary.realtime,
         "load_average_1m": _load(),
     }
 
@@ -114,11 +119,21 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--stall", action="store_true", help="also run the coordinated-omission comparison")
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="also run section 1 with the sender under SCHED_FIFO (needs root)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out: dict[str, dict[str, object]] = {
         "rate_and_send_lag": rate_and_lag(args.rate, args.duration),
-        "azure_conv_replay_speedup_10": replay(args.duration),
+        **(
+            {"rate_and_send_lag_realtime": rate_and_lag(args.rate, args.duration, True)}
+            if args.realtime
+            else {}
+        ),
+        "azure_conv_replay_speedup_10": replay(args.duration, args.realtime),
     }
     if args.stall:
         out["stall_open_vs_closed"] = stall()

@@ -127,6 +127,7 @@ async def run_load(
     seed: int = 0,
     headers: Mapping[str, str] | None = None,
     check_connect: bool = True,
+    realtime: bool = False,
 ) -> LoadRun:
     """Drive ``url`` open-loop with ``schedule``; write ``out`` (Parquet) and CLIENT spans; summarize.
 
@@ -135,7 +136,8 @@ async def run_load(
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; no spans when none of these is given). ``progress`` is
     called about every 0.25 s from the event loop. Setting ``stop`` ends sending early; what was
     recorded is still written. ``check_connect``: fail fast with :class:`UserError` if the server
-    refuses connections before anything is sent.
+    refuses connections before anything is sent. ``realtime``: run the sender and event-loop threads
+    under SCHED_FIFO (see :mod:`stagescope.loadgen.runner`; needs root or CAP_SYS_NICE).
     """
     route = route or default_route(schedule)
     if not route.startswith("/"):
@@ -167,6 +169,7 @@ async def run_load(
         grace_s=grace_s,
         progress=progress,
         headers=dict(headers or {}),
+        realtime=realtime,
     )
     try:
         results = await engine.run(stop)
@@ -188,6 +191,7 @@ async def run_load(
         scheduled=len(schedule),
         stopped_early=engine.stopped_early,
         concurrency_cap=concurrency_cap,
+        realtime=engine.realtime_active,
     )
     n_spans = 0
     if span_writer is not None or _spans_enabled(spans_dir):

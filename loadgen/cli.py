@@ -70,6 +70,11 @@ def register(subparsers: Any) -> None:
         "--timeout", type=float, default=60.0, help="seconds a request may take before it counts as failed"
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for arrivals and inputs")
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run the sender under SCHED_FIFO for precise send times on a busy machine (root or CAP_SYS_NICE)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                     repeat_share=args.repeat_share,
                     predict_dim=args.predict_dim,
                     seed=args.seed,
+                    realtime=args.realtime,
                 )
         finally:
             loop.remove_signal_handler(signal.SIGINT)
@@ -133,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         Console().print(
             f"results: {result.out} ({len(result.results)} rows), client spans: {result.spans_written}"
         )
+    if args.realtime and not result.summary.realtime:
+        print("stagescope load: --realtime refused by the system; ran at normal priority", file=sys.stderr)
     if result.error:
         raise UserError(f"{result.error}; results so far written to {result.out}")
     if result.summary.stopped_early:

@@ -165,6 +165,7 @@ class Summary:
     status_counts: dict[str, int] = field(default_factory=dict)
     stopped_early: str | None = None  # why sending stopped before the schedule ended, if it did
     concurrency_cap: int | None = None
+    realtime: bool = False  # sender and loop threads ran under SCHED_FIFO
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +182,7 @@ def summarize(
     scheduled: int,
     stopped_early: str | None = None,
     concurrency_cap: int | None = None,
+    realtime: bool = False,
 ) -> Summary:
     """Aggregate per-request results into a :class:`Summary`."""
     sent = [r for r in results if r.sent_ns is not None]
@@ -218,4 +220,5 @@ def summarize(
         status_counts=counts,
         stopped_early=stopped_early,
         concurrency_cap=concurrency_cap,
+        realtime=realtime,
     )
