@@ -206,7 +206,7 @@ def datasource_variable() -> g.Template:
 
 def query_variable(name: str, label: str, query: str) -> g.Template:
     """A multi-value variable filled from ``label_values(...)``, defaulting to All (``.*``)."""
-    return g.Template(
+    template = g.Template(
         name=name,
         label=label,
         query=query,
@@ -214,10 +214,11 @@ def query_variable(name: str, label: str, query: str) -> g.Template:
         includeAll=True,
         multi=True,
         allValue=d.ALL_VALUE,
-        default="$__all",
         refresh=2,  # on time range change: new jobs and models appear without a reload
         sort=1,
     )
+    template._current = {"selected": True, "text": ["All"], "value": ["$__all"]}  # what Grafana writes
+    return template
 
 
 def dashboard(
