@@ -29,7 +29,7 @@ MIN_LEVER_SHARE = 0.05
 #: Unattributed time above this share of the excess means: measure first.
 UNATTRIBUTED_VERDICT_SHARE = 0.5
 SLOWEST_N = 15
-CDF_POINTS = 200
+CDF_POINTS = 50
 
 
 def connection(dataset: Any) -> duckdb.DuckDBPyConnection:
@@ -68,7 +68,7 @@ def _pick(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[SLO, list[di
 
 def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
     ps = [i / CDF_POINTS for i in range(CDF_POINTS + 1)]
-    ps = sorted(set([*ps, 0.95, 0.99, 0.995, 0.999]))
+    ps = sorted(set([*ps, 0.9, 0.95, 0.975, 0.99, 0.995, 0.999, 0.9999]))
     row = con.execute(f"SELECT quantile_cont(value_ms, {ps}) FROM {view.name}").fetchone()
     if not row or row[0] is None:
         return []

@@ -33,7 +33,7 @@ from typing import Any
 import duckdb
 
 from stagescope.analysis.breach import SLIView, sql_str
-from stagescope.names import SLI_E2E, STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
+from stagescope.names import STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
 
 __all__ = ["Attribution", "attribute", "build_breakdown", "stage_columns"]
 
@@ -86,73 +86,65 @@ def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str |
     verdict uses it on large inputs to break down the tail candidates and a sample of the baseline
     only (see :func:`attribute`)."""
     where = f"WHERE {subset}" if subset else ""
+    cols = stage_columns(con)
+    case = (
+        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+        if cols
+        else "NULL::INTEGER"
+    )
+    k_of = {c: i for i, c in enumerate(cols.values())}
+    # integer keys (``tk`` = hash of the trace id, ``k`` = stage index) keep the group-bys cheap
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_id, min(start_unix_ns) AS t0, max(value_ms) AS value_ms,
-               min(start_unix_ns) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1
+        SELECT trace_id, hash(trace_id) AS tk, min(start_unix_ns) AS t0, max(value_ms) AS value_ms,
+               min(start_unix_ns) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1, max(network_ms) AS network
         FROM {view.name} {where} GROUP BY trace_id"""
     )
     # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_st AS
-        SELECT s.trace_id, s.stage, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
+        SELECT r.tk, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
                r.t1 - r.t0 AS span
         FROM stages s JOIN ss_req r USING (trace_id)
         WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     )
-    cols = stage_columns(con, "ss_st")
-    case = (
-        "CASE stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
-        if cols
-        else "NULL::INTEGER"
-    )
-    k_of = {c: i for i, c in enumerate(cols.values())}
     # Fast path. Per (trace, stage): spans that share a common point (parallel fetches: max start <=
     # min end) form one block, whose length is the stage's time; otherwise ``u`` is NULL. A trace whose
     # stages are all single blocks and sum to at most the interval needs no sweep.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
         WITH per AS (
-            SELECT trace_id, {case} AS k, any_value(span) AS span,
-                   CASE WHEN max(a) <= min(b) THEN max(b) - min(a) END AS u
-            FROM ss_st GROUP BY trace_id, stage
+            SELECT tk, k, any_value(span) AS span, CASE WHEN max(a) <= min(b) THEN max(b) - min(a) END AS u
+            FROM ss_st GROUP BY tk, k
         )
-        SELECT trace_id, {", ".join(f"sum(u) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
+        SELECT tk, {", ".join(f"sum(u) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
                bool_or(u IS NULL) OR sum(u) > max(span) AS overlap
-        FROM per GROUP BY trace_id"""
+        FROM per GROUP BY tk"""
     )
     sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
     # Critical path for the others: elementary segments go to the covering stage that ends last.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_sweep AS
-        WITH iv AS (SELECT trace_id, {case} AS k, a, b FROM ss_st
-                    WHERE trace_id IN (SELECT trace_id FROM ss_fast WHERE overlap)),
-        pts AS (SELECT trace_id, a AS t FROM iv UNION SELECT trace_id, b FROM iv),
-        seg AS (SELECT trace_id, t AS a, lead(t) OVER (PARTITION BY trace_id ORDER BY t) AS b FROM pts),
-        cov AS (SELECT seg.trace_id, seg.a, seg.b, arg_max(iv.k, iv.b) AS k
-                FROM seg JOIN iv ON seg.trace_id = iv.trace_id AND iv.a <= seg.a AND iv.b >= seg.b
-                WHERE seg.b IS NOT NULL GROUP BY seg.trace_id, seg.a, seg.b)
-        SELECT trace_id, {sums} FROM cov GROUP BY trace_id"""
+        WITH iv AS (SELECT tk, k, a, b FROM ss_st WHERE tk IN (SELECT tk FROM ss_fast WHERE overlap)),
+        pts AS (SELECT tk, a AS t FROM iv UNION SELECT tk, b FROM iv),
+        seg AS (SELECT tk, t AS a, lead(t) OVER (PARTITION BY tk ORDER BY t) AS b FROM pts),
+        cov AS (SELECT seg.tk, seg.a, seg.b, arg_max(iv.k, iv.b) AS k
+                FROM seg JOIN iv ON seg.tk = iv.tk AND iv.a <= seg.a AND iv.b >= seg.b
+                WHERE seg.b IS NOT NULL GROUP BY seg.tk, seg.a, seg.b)
+        SELECT tk, {sums} FROM cov GROUP BY tk"""
     )
     col_list = list(cols.values())
     picked = ", ".join(
         f"CASE WHEN f.overlap THEN coalesce(w.{c}, 0) ELSE coalesce(f.{c}, 0) END AS {c}" for c in col_list
     )
     total = " + ".join(col_list) if col_list else "0"
-    network = "NULL::DOUBLE"
-    if view.slo.sli == SLI_E2E:
-        network = "greatest(q.client_duration_ms - q.duration_ms, 0)"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
         WITH b AS (
-            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}
-            FROM ss_req r LEFT JOIN ss_fast f USING (trace_id) LEFT JOIN ss_sweep w USING (trace_id)
-        ), net AS (
-            SELECT trace_id, max({network}) AS network FROM requests q
-            WHERE trace_id IN (SELECT trace_id FROM ss_req) GROUP BY trace_id
+            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network
+            FROM ss_req r LEFT JOIN ss_fast f USING (tk) LEFT JOIN ss_sweep w USING (tk)
         )
-        SELECT b.*, greatest(b.value_ms - ({total}), 0) AS unattributed, net.network
-        FROM b LEFT JOIN net USING (trace_id)"""
+        SELECT b.* EXCLUDE (network), greatest(b.value_ms - ({total}), 0) AS unattributed, b.network FROM b"""
     )
     for t in ("ss_fast", "ss_sweep", "ss_st"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
@@ -176,6 +168,8 @@ def _rows(excess: dict[str, float | None], means: dict[str, tuple[float | None, 
         if ex is None:
             continue
         tail_m, base_m = means[stage]
+        if not tail_m and not base_m:  # a stage that never runs within the SLI interval
+            continue
         rows.append(
             {
                 "stage": stage,

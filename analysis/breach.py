@@ -49,8 +49,10 @@ def sql_str(value: str) -> str:
 
 @dataclass
 class SLIView:
-    """The samples of one SLO as a temp view ``name`` with columns ``trace_id``, ``start_unix_ns``,
-    ``value_ms``; ``per_request`` is False for inter-token gaps (several samples per request)."""
+    """The samples of one SLO as a temp table ``name`` with columns ``trace_id``, ``start_unix_ns``,
+    ``value_ms`` (and, per sample, ``network_ms`` = client minus server time for ``e2e``, the request's
+    ``queue_depth`` and ``batch_size``); ``per_request`` is False for inter-token gaps (several samples
+    per request)."""
 
     slo: SLO
     name: str
@@ -72,7 +74,7 @@ def _request_filter(slo: SLO) -> str:
 
 
 def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> SLIView:
-    """Create (or replace) the temp view of ``slo``'s samples and count them."""
+    """Create (or replace) the temp table of ``slo``'s samples and count them."""
     flt = _request_filter(slo)
     warnings: list[str] = []
     per_request = True
@@ -85,11 +87,15 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
         per_request = False
     else:  # pragma: no cover - SLO validates its sli
         raise UserError(f"unknown SLI {slo.sli!r}")
+    net = "greatest(client_duration_ms - duration_ms, 0)" if slo.sli == SLI_E2E else "NULL::DOUBLE"
+    extra = f"{net} AS network_ms, CAST(queue_depth AS DOUBLE) AS queue_depth, CAST(batch_size AS DOUBLE) AS batch_size"
+    # materialized once: every later step (quantiles, windows, breakdown) reads this, not the inputs
+    per_request_sql = (
+        f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT trace_id, start_unix_ns, CAST({value_expr} AS DOUBLE) "
+        f"AS value_ms, {extra} FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
+    )
     if per_request:
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT trace_id, start_unix_ns, "
-            f"CAST({value_expr} AS DOUBLE) AS value_ms FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
-        )
+        con.execute(per_request_sql)
     else:
         n_gaps = con.execute(
             f"SELECT count(*) FROM token_gaps g SEMI JOIN (SELECT trace_id FROM requests WHERE {flt}) r "
@@ -97,19 +103,16 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
         ).fetchone()
         if n_gaps is not None and n_gaps[0] > 0:
             con.execute(
-                f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT g.trace_id, r.start_unix_ns, "
-                f"CAST(g.gap_ms AS DOUBLE) AS value_ms FROM token_gaps g JOIN requests r USING (trace_id) "
-                f"WHERE {flt.replace('status_code', 'r.status_code')} AND g.gap_ms IS NOT NULL"
+                f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT g.trace_id, r.start_unix_ns, "
+                f"CAST(g.gap_ms AS DOUBLE) AS value_ms, {extra} FROM token_gaps g JOIN requests r USING (trace_id) "
+                f"WHERE {flt} AND g.gap_ms IS NOT NULL"
             )
         else:
             warnings.append(
                 "no per-gap inter-token samples (stagescope.itl.gaps) in the data: one per-request "
                 "inter-token p99 (else mean) per stream stands in for the gaps"
             )
-            con.execute(
-                f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT trace_id, start_unix_ns, "
-                f"CAST({value_expr} AS DOUBLE) AS value_ms FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
-            )
+            con.execute(per_request_sql)
     row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
     count = int(row[0]) if row else 0
     shed_flt = flt.replace("coalesce(status_code, 0) <> 429", "status_code = 429")
@@ -166,14 +169,12 @@ def windows(con: duckdb.DuckDBPyConnection, view: SLIView, window: str = DEFAULT
         WITH s AS (
             SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, count(*) AS n,
                    quantile_cont(value_ms, 0.5) AS p50, quantile_cont(value_ms, {q}) AS pq,
-                   avg(CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END) AS bad
+                   avg(CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END) AS bad,
+                   avg(queue_depth) AS qd, avg(batch_size) AS bs
             FROM {view.name} GROUP BY 1
-        ), d AS (
-            SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, avg(queue_depth) AS qd, avg(batch_size) AS bs
-            FROM requests WHERE {view.request_filter} GROUP BY 1
         )
-        SELECT s.w, s.n, s.p50, s.pq, s.bad, d.qd, d.bs, {util_col}
-        FROM s LEFT JOIN d ON d.w = s.w {util_join} ORDER BY s.w
+        SELECT s.w, s.n, s.p50, s.pq, s.bad, s.qd, s.bs, {util_col}
+        FROM s {util_join} ORDER BY s.w
         """
     ).fetchall()
     out = []

@@ -60,19 +60,25 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
     base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
+    if view.per_request:  # the breakdown holds tail and baseline (or their sample) already
+        flags = f"SELECT trace_id, ({tail}) AS is_tail, ({base}) AS is_base FROM {BREAKDOWN}"
+    else:
+        flags = f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
     row = con.execute(
-        f"""WITH r AS (SELECT trace_id, input_hash, cold_start, batch_size, queue_depth FROM requests
-                       WHERE {view.request_filter}),
-            h AS (SELECT input_hash, count(*) AS c FROM r WHERE input_hash IS NOT NULL GROUP BY 1),
-            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h USING (input_hash)),
-            t AS (SELECT rr.* FROM rr SEMI JOIN ({tail_keys}) k USING (trace_id)),
-            b AS (SELECT rr.* FROM rr SEMI JOIN ({base_keys}) k USING (trace_id))
-        SELECT (SELECT avg(repeated::INT) FROM t WHERE input_hash IS NOT NULL),
-               (SELECT avg(repeated::INT) FROM b WHERE input_hash IS NOT NULL),
-               (SELECT avg(cold_start::INT) FROM t), (SELECT avg(cold_start::INT) FROM b),
-               (SELECT avg(batch_size) FROM t), (SELECT avg(batch_size) FROM b), (SELECT max(batch_size) FROM rr),
-               (SELECT avg(queue_depth) FROM t), (SELECT avg(queue_depth) FROM b),
-               (SELECT count(*) FROM rr)"""
+        f"""WITH r AS (SELECT q.trace_id, q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
+                       FROM requests q JOIN ({flags}) f USING (trace_id)
+                       WHERE {view.request_filter.replace("status_code", "q.status_code")}),
+            h AS (SELECT input_hash, count(*) AS c FROM requests
+                  WHERE {view.request_filter} AND input_hash IN (SELECT input_hash FROM r) GROUP BY 1),
+            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h USING (input_hash))
+        SELECT avg(repeated::INT) FILTER (WHERE is_tail AND input_hash IS NOT NULL),
+               avg(repeated::INT) FILTER (WHERE is_base AND input_hash IS NOT NULL),
+               avg(cold_start::INT) FILTER (WHERE is_tail), avg(cold_start::INT) FILTER (WHERE is_base),
+               avg(batch_size) FILTER (WHERE is_tail), avg(batch_size) FILTER (WHERE is_base),
+               (SELECT max(batch_size) FROM requests WHERE {view.request_filter}),
+               avg(queue_depth) FILTER (WHERE is_tail), avg(queue_depth) FILTER (WHERE is_base),
+               (SELECT count(*) FROM requests WHERE {view.request_filter})
+        FROM rr"""
     ).fetchone()
     assert row is not None
     keys = [

@@ -1,0 +1,178 @@
+"""Benchmark: breach analysis at scale (issue 6).
+
+Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 8 stage spans each
+(about 8 million stage rows; a slow feature store on 6 % of requests, with two parallel feature reads
+per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
+relations as Parquet. Then, each in a fresh subprocess so peak memory is the analysis's own:
+
+* **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
+  <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
+  ratio (goal <= 10x);
+* **peak memory** (max RSS) of the verdict process (goal <= 2 GB);
+* **OTLP/JSON ingest rate**: ``load_dataset`` (the ingest part) over OTLP/JSON lines of
+  ``--otlp-requests`` requests written by ``stagescope.analysis.synth`` (goal >= 200,000 spans/s).
+
+The machine is shared, so figures vary from run to run; compare ratios.
+
+    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+T0_NS = 1_764_460_800 * 10**9
+
+_GEN_SQL = """
+CREATE TABLE r AS
+WITH u AS (
+    SELECT i, random() AS u0, random() AS u1, random() AS u2, random() AS u3, random() AS u4, random() AS u5,
+           random() AS u6, random() AS u7, random() AS u8, random() AS u9, random() AS u10, random() AS u11
+    FROM range({n}) t(i)
+), z AS (
+    SELECT *, sqrt(-2 * ln(greatest(u0, 1e-12))) * cos(2 * pi() * u1) AS z1,
+              sqrt(-2 * ln(greatest(u2, 1e-12))) * cos(2 * pi() * u3) AS z2,
+              sqrt(-2 * ln(greatest(u4, 1e-12))) * cos(2 * pi() * u5) AS z3
+    FROM u
+)
+SELECT i, md5(i::VARCHAR) AS trace_id, {t0} + i * {step_ns} AS s0,
+       4 * exp(0.3 * z1) + CASE WHEN u6 < 0.06 THEN 350 + 350 * u7 ELSE 0 END AS ff,
+       0.3 + 0.7 * u8 AS ff2_share, 3 * exp(0.3 * z2) AS pre, 5 * u9 AS bw,
+       -2 * ln(greatest(u10, 1e-12)) AS q, 20 * exp(0.15 * z3) AS comp, 1.0 + u11 AS post, 1.0 + u11 / 2 AS eg,
+       CAST(8 + floor(u9 * 9) AS BIGINT) AS batch, CAST(floor(-3 * ln(greatest(u10, 1e-12))) AS BIGINT) AS qd,
+       md5((i % 400000)::VARCHAR) AS h
+FROM z;
+COPY (
+    SELECT trace_id, substr(trace_id, 1, 16) AS span_id, 'synthetic-service' AS service, 'POST /v1/predict' AS name,
+           '/v1/predict' AS route, 'ranker' AS model, 200 AS status_code, false AS is_error, s0 AS start_unix_ns,
+           ff + pre + bw + q + comp + post + eg + 0.3 AS duration_ms, NULL::DOUBLE AS ttft_ms,
+           NULL::DOUBLE AS itl_mean_ms, NULL::DOUBLE AS itl_p99_ms, NULL::DOUBLE AS itl_max_ms,
+           NULL::BIGINT AS input_tokens, NULL::BIGINT AS output_tokens, batch AS batch_size, qd AS queue_depth,
+           h AS input_hash, false AS cold_start, ff + pre + bw + q + comp + post + eg + 1.8 AS client_duration_ms,
+           'stagescope' AS source
+    FROM r
+) TO '{out}/requests.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
+COPY (
+    WITH b AS (
+        SELECT trace_id, s0, ff, ff2_share, pre, bw, q, comp, post, eg,
+               ff AS c1, ff + pre AS c2, ff + pre + bw AS c3, ff + pre + bw + q AS c4,
+               ff + pre + bw + q + comp AS c5, ff + pre + bw + q + comp + post AS c6
+        FROM r
+    ), x AS (
+        SELECT trace_id, s0,
+               unnest(['feature_fetch', 'feature_fetch', 'preprocess', 'batch_wait', 'queue', 'compute',
+                       'postprocess', 'egress']) AS stage,
+               unnest([0, 0, c1, c2, c3, c4, c5, c6]) AS a_ms,
+               unnest([ff, ff * ff2_share, c2, c3, c4, c5, c6, c6 + eg]) AS b_ms
+        FROM b
+    )
+    SELECT trace_id, stage, s0 + CAST(a_ms * 1e6 AS BIGINT) AS start_unix_ns, s0 + CAST(b_ms * 1e6 AS BIGINT) AS end_unix_ns,
+           b_ms - a_ms AS duration_ms
+    FROM x
+) TO '{out}/stages.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
+"""
+
+_VERDICT_CHILD = r"""
+import json, resource, sys, time
+import duckdb
+out = sys.argv[1]
+t = time.perf_counter()
+con = duckdb.connect()
+con.execute("SET memory_limit = '1500MB'")
+con.execute(f"SELECT stage, count(*), avg(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY stage").fetchall()
+plain = time.perf_counter() - t
+con.close()
+from stagescope.analysis.api import analyze
+t = time.perf_counter()
+con = duckdb.connect()
+con.execute("SET memory_limit = '1500MB'")
+for rel in ("requests", "stages"):
+    con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet('{out}/{rel}.parquet')")
+con.execute("CREATE TABLE token_gaps (trace_id VARCHAR, gap_ms DOUBLE)")
+con.execute("CREATE TABLE metric_samples (metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT, source VARCHAR)")
+rep = analyze(con, "p99<300ms")
+verdict = time.perf_counter() - t
+print(json.dumps({"plain_groupby_s": plain, "verdict_s": verdict, "verdict": rep["verdict"],
+                  "p99_ms": rep["latency_ms"]["p99"], "predicted_p99_ms": rep["levers"][0]["predicted_p99_ms"],
+                  "requests": rep["requests"], "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+_INGEST_CHILD = r"""
+import json, resource, sys, time
+from stagescope.analysis.ingest import load_dataset
+path, spans = sys.argv[1], int(sys.argv[2])
+t = time.perf_counter()
+ds = load_dataset(traces=[path])
+n = ds.con.execute("SELECT count(*) FROM requests").fetchone()[0]
+dt = time.perf_counter() - t
+print(json.dumps({"ingest_s": dt, "spans": spans, "requests": n, "spans_per_s": spans / dt,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def build(out: Path, n: int) -> dict[str, Any]:
+    import duckdb
+
+    t = time.perf_counter()
+    con = duckdb.connect()
+    con.execute("SELECT setseed(0.42)")
+    step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
+    con.execute(_GEN_SQL.format(n=n, t0=T0_NS, step_ns=step_ns, out=out))
+    rows = con.execute(f"SELECT count(*) FROM read_parquet('{out}/stages.parquet')").fetchone()
+    con.close()
+    return {"build_s": time.perf_counter() - t, "stage_rows": int(rows[0]) if rows else 0}
+
+
+def write_otlp(out: Path, n: int) -> tuple[Path, int]:
+    from stagescope.analysis import synth_scenarios as S
+
+    data = S.generate("slow-feature-store", n, seed=1, duration_s=max(60.0, n / 50))
+    path = out / "spans.jsonl"
+    return path, S.write_otlp(data, path)
+
+
+def _child(code: str, *args: str) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"benchmark child failed:\n{res.stderr[-2000:]}")
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--otlp-requests", type=int, default=25_000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="stagescope-bench-") as tmp:
+        out = Path(tmp)
+        built = build(out, args.requests)
+        verdict = _child(_VERDICT_CHILD, str(out))
+        path, spans = write_otlp(out, args.otlp_requests)
+        ingest = _child(_INGEST_CHILD, str(path), str(spans))
+    res = {"requests": args.requests, **built, **verdict, "ingest": ingest}
+    res["verdict_vs_groupby"] = verdict["verdict_s"] / verdict["plain_groupby_s"]
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"synthetic incident: {args.requests:,} requests, {built['stage_rows']:,} stage rows "
+          f"(built in {built['build_s']:.1f} s)")  # fmt: skip
+    print(f"verdict from Parquet      {verdict['verdict_s']:6.2f} s   (goal <= 3 s)   verdict {verdict['verdict']}, "
+          f"p99 {verdict['p99_ms']:.0f} ms -> predicted {verdict['predicted_p99_ms']:.0f} ms")  # fmt: skip
+    print(f"DuckDB plain GROUP BY     {verdict['plain_groupby_s']:6.2f} s   "
+          f"ratio {res['verdict_vs_groupby']:.1f}x (goal <= 10x)")  # fmt: skip
+    print(f"peak memory (verdict)     {verdict['max_rss_mb']:6.0f} MB  (goal <= 2048 MB)")
+    print(f"OTLP/JSON ingest          {ingest['spans_per_s']:8,.0f} spans/s ({ingest['spans']:,} spans in "
+          f"{ingest['ingest_s']:.2f} s; goal >= 200,000/s), peak {ingest['max_rss_mb']:.0f} MB")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
