@@ -16,7 +16,8 @@ from stagescope.service.scenarios import SCENARIOS, get_scenario
 
 __all__ = ["lever_check", "run_all", "run_one"]
 
-out_console = Console(highlight=False)
+# tables are wide: off a terminal (CI logs, files) do not wrap them at rich's 80-column default
+out_console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -142,7 +143,7 @@ def run_all(out: Path, *, duration_s: float, apply_lever: bool, port: int) -> in
             *([_ms(row.get("after_ms"))] if apply_lever else []), "yes" if ok else "[red]NO[/red]",
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    out_console.print(table, width=None if out_console.is_terminal else 200)
+    out_console.print(table)
     if mismatches:
         print(f"stagescope demo: {mismatches} scenario(s) did not match their true cause", file=sys.stderr)
         return 1
