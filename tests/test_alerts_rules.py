@@ -50,6 +50,15 @@ def test_reference_slos_are_the_specified_ones() -> None:
     }
 
 
+def test_every_reference_scenario_slo_is_in_the_slo_file() -> None:
+    """alerts/slo.yaml covers the SLO each reference-service scenario is judged by (service/scenarios.py)."""
+    from stagescope.service.scenarios import SCENARIOS
+
+    committed = {(s.spec, s.route) for s in SLOS.values()}
+    for sc in SCENARIOS.values():
+        assert (sc.slo.spec, sc.route) in committed, f"{sc.name}: {sc.slo_spec} on {sc.route}"
+
+
 @needs_promtool
 def test_promtool_check_rules() -> None:
     for name in RULE_FILES:
