@@ -205,3 +205,23 @@ def test_azure_replay_at_speedup_10_sends_on_the_trace_arrivals() -> None:
     assert len(sent) == len(schedule) > 200
     assert np.allclose(np.diff(intended), np.diff(schedule.offsets_s), atol=2e-6)
     assert ks_2samp(np.diff(sent), np.diff(intended)).statistic <= 0.1
+
+
+def test_realtime_priority_is_taken_for_the_run_and_given_back() -> None:
+    import os
+
+    before = os.sched_getscheduler(0)
+    with spawn() as url:
+        run = asyncio.run(run_load(url, synthetic_schedule(50.0, 0.5), route="/v1/predict", realtime=True))
+    assert run.summary.ok == run.summary.sent > 0
+    assert os.sched_getscheduler(0) == before  # the calling thread is back at its own policy
+    # whether this system lets a thread take SCHED_FIFO (root / CAP_SYS_NICE), probed in a throwaway thread
+    import threading
+
+    from stagescope.loadgen.runner import _set_realtime
+
+    probe: list[bool] = []
+    t = threading.Thread(target=lambda: probe.append(_set_realtime() is not None))
+    t.start()
+    t.join()
+    assert run.summary.realtime is probe[0]
