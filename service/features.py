@@ -143,7 +143,7 @@ class RedisFeatureStore:
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await self._client.aclose()
+            await self._client.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose
 
 
 def make_feature_store(settings: Settings) -> FeatureStore:
