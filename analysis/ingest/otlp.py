@@ -68,30 +68,20 @@ def _int64(expr: str) -> str:
     return f"coalesce(TRY_CAST({expr} AS BIGINT), TRY_CAST(TRY_CAST({expr} AS DOUBLE) AS BIGINT))"
 
 
-def _pivot(typ: str, v: str) -> str:
+def _pivot(typ: str, p: str) -> str:
+    """Typed value of the attribute at list position ``p`` (flat value lists sv/iv/dv/bv, see below)."""
+    sv, iv, dv, bv = f"sv[{p}]", f"iv[{p}]", f"dv[{p}]", f"bv[{p}]"
     if typ == "VARCHAR":
-        return (
-            f"coalesce({v}.stringValue, {v}.intValue, CAST({v}.doubleValue AS VARCHAR), "
-            f"CAST({v}.boolValue AS VARCHAR))"
-        )
+        return f"coalesce({sv}, {iv}, CAST({dv} AS VARCHAR), CAST({bv} AS VARCHAR))"
     if typ == "BIGINT":
-        return (
-            f"coalesce(TRY_CAST({v}.intValue AS BIGINT), TRY_CAST({v}.doubleValue AS BIGINT), "
-            f"TRY_CAST({v}.stringValue AS BIGINT))"
-        )
+        return f"coalesce(TRY_CAST({iv} AS BIGINT), TRY_CAST({dv} AS BIGINT), TRY_CAST({sv} AS BIGINT))"
     if typ == "DOUBLE":
-        return (
-            f"coalesce({v}.doubleValue, TRY_CAST({v}.intValue AS DOUBLE), "
-            f"TRY_CAST({v}.stringValue AS DOUBLE))"
-        )
+        return f"coalesce({dv}, TRY_CAST({iv} AS DOUBLE), TRY_CAST({sv} AS DOUBLE))"
     if typ == "BOOLEAN":
-        return (
-            f"coalesce({v}.boolValue, TRY_CAST({v}.stringValue AS BOOLEAN), "
-            f"TRY_CAST({v}.intValue AS BIGINT) <> 0)"
-        )
+        return f"coalesce({bv}, TRY_CAST({sv} AS BOOLEAN), TRY_CAST({iv} AS BIGINT) <> 0)"
     if typ == "DOUBLE[]":
         return (
-            f'list_transform({v}.arrayValue."values", '
+            f'list_transform(a[{p}].value.arrayValue."values", '
             "lambda x: coalesce(x.doubleValue, TRY_CAST(x.intValue AS DOUBLE)))"
         )
     raise ValueError(typ)
@@ -121,8 +111,9 @@ def otlp_spans_sql(
     for col, (typ, keys) in ATTR_COLUMNS.items():
         exprs = []
         for key in keys:
-            values.append(f"a[list_position(ks, {sql_str(key)})].value AS v{len(values)}")
-            exprs.append(_pivot(typ, f"v{len(values) - 1}"))
+            values.append(f"list_position(ks, {sql_str(key)}) AS p{len(values)}")
+            p = f"p{len(values) - 1}"
+            exprs.append(f"CASE WHEN {p} IS NOT NULL THEN {_pivot(typ, p)} END")
         pivots.append(f"{exprs[0] if len(exprs) == 1 else 'coalesce(' + ', '.join(exprs) + ')'} AS {col}")
     cols = ", ".join(SPAN_COLUMNS)
     return f"""
@@ -130,7 +121,8 @@ WITH o AS (
   SELECT filename AS file, json_transform(json, '{_LINE_TYPE}') AS x
   FROM {_objects(files, fmt, compression, max_object_bytes)}
 ), r AS (
-  SELECT file, coalesce(x.resourceSpans, list_append(list_filter(x.resourceSpans, lambda z: false), NULL)) AS rl
+  SELECT file, CASE WHEN x.resourceSpans IS NULL
+    THEN list_append(list_filter(x.resourceSpans, lambda z: false), NULL) ELSE x.resourceSpans END AS rl
   FROM o
 ), r1 AS (
   SELECT file, unnest(rl) AS x FROM r
@@ -138,12 +130,15 @@ WITH o AS (
   SELECT file,
     x.resource.attributes[list_position(list_transform(x.resource.attributes, lambda a: a.key), 'service.name')]
       .value.stringValue AS service,
-    flatten(list_transform(x.scopeSpans, lambda ss: ss.spans)) AS sl,
-    x IS NULL OR x.scopeSpans IS NULL OR list_bool_or(list_transform(x.scopeSpans, lambda ss: ss.spans IS NULL)) AS bad
+    CASE WHEN x.scopeSpans IS NULL THEN list_append(list_filter(x.scopeSpans, lambda z: false), NULL)
+      ELSE x.scopeSpans END AS scl
   FROM r1
+), r2 AS (
+  SELECT file, service, unnest(scl) AS ss FROM rs
 ), rb AS (
-  SELECT file, service, CASE WHEN bad THEN list_append(list_filter(sl, lambda z: false), NULL) ELSE sl END AS spans
-  FROM rs
+  SELECT file, service, CASE WHEN ss.spans IS NULL THEN list_append(list_filter(ss.spans, lambda z: false), NULL)
+      ELSE ss.spans END AS spans
+  FROM r2
 ), s AS (
   SELECT file, service, unnest(spans) AS x FROM rb
 ), t AS (
@@ -151,9 +146,12 @@ WITH o AS (
     x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a
   FROM s
 ), u AS (
-  SELECT *, list_transform(a, lambda x: x.key) AS ks FROM t
+  SELECT *, list_transform(a, lambda x: x.key) AS ks, list_transform(a, lambda x: x.value.stringValue) AS sv,
+    list_transform(a, lambda x: x.value.intValue) AS iv, list_transform(a, lambda x: x.value.doubleValue) AS dv,
+    list_transform(a, lambda x: x.value.boolValue) AS bv
+  FROM t
 ), w AS (
-  SELECT * EXCLUDE (a, ks), {", ".join(values)} FROM u
+  SELECT *, {", ".join(values)} FROM u
 ), v AS (
   SELECT file, {_hex_id("tid")} AS trace_id, {_hex_id("sid")} AS span_id,
     coalesce({_hex_id("pid")}, '') AS parent_span_id, name,
