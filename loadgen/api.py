@@ -23,7 +23,14 @@ import pyarrow as pa
 
 from stagescope.errors import UserError
 from stagescope.loadgen.bodies import GENERATE_ROUTE, PREDICT_ROUTE, BodyFactory
-from stagescope.loadgen.results import RequestResult, Summary, results_table, summarize, write_results
+from stagescope.loadgen.results import (
+    RequestResult,
+    Summary,
+    check_writable,
+    results_table,
+    summarize,
+    write_results,
+)
 from stagescope.loadgen.runner import Engine, ProgressSnapshot
 from stagescope.loadgen.schedule import Schedule, synthetic_schedule
 from stagescope.loadgen.spans import ClientSpanWriter
@@ -146,6 +153,8 @@ async def run_load(
         raise UserError(f"--repeat-share must be within [0, 1], got {repeat_share}")
     if concurrency_cap is not None and concurrency_cap < 1:
         raise UserError(f"--concurrency-cap must be at least 1, got {concurrency_cap}")
+    if out is not None:
+        check_writable(os.fspath(out))
     if check_connect:
         await check_url(url)
     bodies = BodyFactory(

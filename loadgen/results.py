@@ -19,7 +19,15 @@ import pyarrow.parquet as pq
 
 from stagescope.errors import UserError
 
-__all__ = ["RESULTS_SCHEMA", "RequestResult", "Summary", "results_table", "summarize", "write_results"]
+__all__ = [
+    "RESULTS_SCHEMA",
+    "RequestResult",
+    "Summary",
+    "check_writable",
+    "results_table",
+    "summarize",
+    "write_results",
+]
 
 #: The pinned results schema (stagescope plan, "Load-generator results (issue 5)").
 RESULTS_SCHEMA = pa.schema(
@@ -109,6 +117,18 @@ def results_table(results: Sequence[RequestResult]) -> pa.Table:
         cols["output_tokens"].append(r.output_tokens)
         cols["input_hash"].append(r.input_hash)
     return pa.Table.from_pydict(cols, schema=RESULTS_SCHEMA)
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise :class:`UserError` now, before a run, if ``path`` could not be written at its end."""
+    p = Path(path)
+    probe = p.with_name(p.name + ".tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"{p}: cannot write results: {exc.strerror or exc}") from None
 
 
 def write_results(table: pa.Table, path: str | Path) -> Path:

@@ -225,3 +225,10 @@ def test_realtime_priority_is_taken_for_the_run_and_given_back() -> None:
     t.start()
     t.join()
     assert run.summary.realtime is probe[0]
+
+
+def test_unwritable_out_fails_before_sending(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match=r"file/r.parquet: cannot write results"):
+        asyncio.run(run_load("http://127.0.0.1:9", synthetic_schedule(10.0, 1.0), out=blocker / "r.parquet"))
