@@ -22,7 +22,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stagescope.errors import UserError
@@ -102,8 +102,6 @@ class Settings:
     # HTTP
     max_body_bytes: int = 1_048_576
 
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -121,12 +119,12 @@ class Settings:
                 raise UserError(f"setting {f.name} must be >= 0, got {getattr(self, f.name)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _field_types() -> dict[str, Any]:
     hints = typing.get_type_hints(Settings)
-    return {f.name: hints[f.name] for f in fields(Settings) if f.name != "extra"}
+    return {f.name: hints[f.name] for f in fields(Settings)}
 
 
 def _coerce(name: str, typ: Any, value: Any) -> Any:

@@ -3,7 +3,7 @@ signature in the recorded spans, and its lever's setting change removes the brea
 
 Each run is a real ``stagescope serve`` (uvicorn) process with the embedded span sink, driven for
 ``STAGESCOPE_SCENARIO_SECONDS`` (default 7) seconds; runs go ``STAGESCOPE_SCENARIO_PARALLEL`` (default
-4) at a time on separate ports, except ``cpu-bound-preprocess``, which burns real CPU and runs alone.
+3) at a time on separate ports, except ``cpu-bound-preprocess``, which burns real CPU and runs alone.
 ``STAGESCOPE_SCENARIO_REPORT=path.json`` writes the measured figures.
 
 Signature: the SLI quantile of the scenario's SLO over its route; for the requests above the SLO
@@ -30,7 +30,7 @@ from stagescope.service.scenarios import SCENARIOS, get_scenario
 pytestmark = pytest.mark.slow
 
 DURATION_S = float(os.environ.get("STAGESCOPE_SCENARIO_SECONDS", "7"))
-PARALLEL = int(os.environ.get("STAGESCOPE_SCENARIO_PARALLEL", "4"))
+PARALLEL = int(os.environ.get("STAGESCOPE_SCENARIO_PARALLEL", "3"))
 CPU_SCENARIO = "cpu-bound-preprocess"
 
 

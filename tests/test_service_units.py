@@ -190,3 +190,22 @@ def test_burn_cpu_spends_cpu_time() -> None:
     t = time.thread_time()
     burn_cpu(20)
     assert time.thread_time() - t >= 0.02
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_real_compute_backends(backend: str) -> None:
+    if backend == "torch":
+        pytest.importorskip("torch")
+    import numpy as np
+
+    from stagescope.service.backends import PredictItem, make_backend
+
+    async def main() -> list[np.ndarray]:
+        b = make_backend(Settings(backend=backend, model_load_s=0, model_dim=64))
+        await b.load()
+        items = [PredictItem(np.ones(32, np.float32), 3, 10, 1), PredictItem(np.zeros(32, np.float32), 1, 4, 2)]
+        return await b.run_batch(items)
+
+    a, z = asyncio.run(main())
+    assert a.shape == (10,) and z.shape == (4,)
+    assert np.all((a >= 0) & (a <= 1)) and not np.array_equal(a[:4], z)
