@@ -57,6 +57,15 @@ def _int64(v: Any) -> int | None:
     return None
 
 
+def _float_guess(v: Any) -> str:
+    """`` (looks like seconds)`` etc. for a non-integer number, else ''."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return ""
+    return f" ({unit_guess(int(f))})" if 0 < f < MIN_NS else ""
+
+
 def _id_ok(v: Any, n_hex: int) -> bool:
     if not isinstance(v, str):
         return False
@@ -82,7 +91,8 @@ def _span_problem(sp: Any) -> str | None:
             return f"span {sp.get('spanId')} without {key}"
         t = _int64(sp[key])
         if t is None:
-            return f"{key} {sp[key]!r} is not an integer of Unix nanoseconds"
+            guess = _float_guess(sp[key])
+            return f"{key} {sp[key]!r} is not an integer of Unix nanoseconds{guess}"
         if not MIN_NS <= t <= MAX_NS:
             return f"{key} {t} is not a plausible Unix-nanosecond time ({unit_guess(t)})"
         times.append(t)
