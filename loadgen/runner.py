@@ -3,9 +3,10 @@
 Timing. A dedicated sender thread walks the schedule and sleeps (``time.sleep``: ``clock_nanosleep``
 on Linux, tens of microseconds of overshoot) until each request's intended time, then hands it to the
 event loop with ``call_soon_threadsafe``, which wakes the loop at once through its self-pipe (asyncio's
-own timers round sleeps up to whole milliseconds). While it waits, the thread builds the next request
-(body, trace ids, serialized bytes), so the loop side only stamps the send time and writes to a socket
-(:mod:`stagescope.loadgen.http`: no task per request). During the run the interpreter's GIL switch
+own timers round sleeps up to whole milliseconds). Requests (body, trace ids, serialized bytes) are
+built ahead in the time between sends, up to one second of schedule (the first second before the
+clock starts, since traces often open with a burst), so the loop side only stamps the send time and
+writes to a socket (:mod:`stagescope.loadgen.http`: no task per request). During the run the interpreter's GIL switch
 interval is lowered to 0.2 ms so that the sender thread is not held up by the loop thread (restored
 afterwards).
 
@@ -48,12 +49,18 @@ from stagescope.loadgen.spans import new_ids, traceparent
 __all__ = ["Engine", "PreparedRequest", "ProgressSnapshot"]
 
 
+#: How far ahead the sender thread builds requests: seconds of schedule, requests, bytes.
+LOOKAHEAD_S = 1.0
+LOOKAHEAD_MAX = 2048
+LOOKAHEAD_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """A request built ahead of its send time (by the sender thread)."""
 
     request_id: int
-    intended_mono_ns: int
+    offset_ns: int  # intended send, nanoseconds after the run's t0
     payload: bytes
     result: RequestResult
 
@@ -149,9 +156,11 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ConnectionPool | None = None
         self._t0 = 0
+        self._started = threading.Event()  # t0 set: the first requests are built
 
     # ---------------------------------------------------------------- sender thread
-    def _prepare(self, i: int, target: int) -> PreparedRequest:
+    def _prepare(self, i: int, offset_ns: int) -> PreparedRequest:
+        """Build request ``i`` (body, trace ids, bytes); its intended time is set when ``_t0`` is known."""
         body = self.bodies(i)
         trace_id, span_id = new_ids()
         headers = {**self.headers, "traceparent": traceparent(trace_id, span_id)}
@@ -160,33 +169,73 @@ class Engine:
             request_id=i,
             trace_id=trace_id,
             route=self.route,
-            intended_ns=wall_ns(target),
+            intended_ns=0,
             prompt_tokens=body.prompt_tokens,
             output_tokens=body.output_tokens,
             input_hash=body.input_hash,
             span_id=span_id,
         )
-        return PreparedRequest(i, target, payload, result)
+        return PreparedRequest(i, offset_ns, payload, result)
 
     def _sender(self) -> None:
-        offsets = self.schedule.offsets_s
+        """Prepare requests ahead (up to LOOKAHEAD_S of schedule, LOOKAHEAD_MAX requests and
+        LOOKAHEAD_BYTES) in the time between sends, sleep to each intended time, hand over."""
+        offsets_ns = (self.schedule.offsets_s * 1e9).astype("int64")
+        n = len(offsets_ns)
         loop = self._loop
         assert loop is not None
         if self.realtime:
             self._sender_rt = _set_realtime() is not None
+        ahead: collections.deque[PreparedRequest] = collections.deque()
+        ahead_bytes = 0
+        nxt = 0  # next request to prepare
+        horizon = int(LOOKAHEAD_S * 1e9)
+        prep_ns = 0  # recent cost of building one request (decaying maximum)
+
+        def room(clock_offset_ns: int) -> bool:
+            return (
+                nxt < n
+                and len(ahead) < LOOKAHEAD_MAX
+                and ahead_bytes < LOOKAHEAD_BYTES
+                and offsets_ns[nxt] - clock_offset_ns < horizon
+            )
+
         try:
-            for i in range(len(offsets)):
+            # the first second of the schedule (a trace may start with a burst) is built before the clock starts
+            while room(0) and not self._thread_stop.is_set():
+                item = self._prepare(nxt, int(offsets_ns[nxt]))
+                ahead.append(item)
+                ahead_bytes += len(item.payload)
+                nxt += 1
+            self._t0 = t0 = time.perf_counter_ns() + int(self.start_delay_s * 1e9)
+            self._started.set()
+            while ahead or nxt < n:
                 if self._thread_stop.is_set():
                     return
-                target = self._t0 + int(offsets[i] * 1e9)
-                item = self._prepare(i, target)
-                while True:
-                    remaining = target - time.perf_counter_ns()
-                    if remaining <= 0:
-                        break
-                    if self._thread_stop.is_set():
-                        return
-                    time.sleep(min(remaining / 1e9, 0.1))
+                if not ahead:
+                    item = self._prepare(nxt, int(offsets_ns[nxt]))
+                    ahead.append(item)
+                    ahead_bytes += len(item.payload)
+                    nxt += 1
+                item = ahead[0]
+                target = t0 + item.offset_ns
+                now = time.perf_counter_ns()
+                remaining = target - now
+                if remaining > 0:
+                    # build the next request only if it will very likely be done before this one is due
+                    if remaining > 2 * prep_ns + 200_000 and room(now - t0):
+                        extra = self._prepare(nxt, int(offsets_ns[nxt]))
+                        took = time.perf_counter_ns() - now
+                        prep_ns = max(took, (7 * prep_ns + took) // 8)
+                        ahead.append(extra)
+                        ahead_bytes += len(extra.payload)
+                        nxt += 1
+                    else:
+                        time.sleep(min(remaining / 1e9, 0.1))
+                    continue
+                ahead.popleft()
+                ahead_bytes -= len(item.payload)
+                item.result.intended_ns = wall_ns(target)
                 self._handoff.append(item)
                 if not self._wake_pending:
                     self._wake_pending = True
@@ -195,6 +244,7 @@ class Engine:
                     except RuntimeError:  # loop closed under us
                         return
         finally:
+            self._started.set()
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._sender_finished)
 
@@ -264,7 +314,7 @@ class Engine:
             recent.popleft()
         lat = sorted(self._recent_latency)
         return ProgressSnapshot(
-            elapsed_s=max(0.0, (now - self._t0) / 1e9),
+            elapsed_s=max(0.0, (now - self._t0) / 1e9) if self._t0 else 0.0,
             duration_s=self.schedule.duration_s,
             due=self._due,
             sent=self._sent,
@@ -303,9 +353,10 @@ class Engine:
                 await self._loop.getaddrinfo(pool.host, pool.port)
         sys.setswitchinterval(0.0002)
         restore_rt = _set_realtime() if self.realtime else None
-        self._t0 = time.perf_counter_ns() + int(self.start_delay_s * 1e9)
         thread = threading.Thread(target=self._sender, name="stagescope-loadgen-sender", daemon=True)
         thread.start()
+        while not self._started.is_set():  # the thread builds the first second of requests
+            await asyncio.sleep(0.005)
         if self.progress is not None:
             helpers.append(asyncio.ensure_future(self._report()))
         if stop is not None:
@@ -321,7 +372,7 @@ class Engine:
                         await asyncio.wait_for(self._idle_or_empty(), self.grace_s)
         finally:
             self._thread_stop.set()
-            self.elapsed_s = (time.perf_counter_ns() - self._t0) / 1e9
+            self.elapsed_s = (time.perf_counter_ns() - self._t0) / 1e9 if self._t0 else 0.0
             sys.setswitchinterval(old_switch)
             if restore_rt is not None:
                 with contextlib.suppress(OSError):
