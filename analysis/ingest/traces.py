@@ -18,7 +18,7 @@ import duckdb
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, diagnose_otlp
 from stagescope.analysis.ingest.files import SniffedFile, expand_paths, sniff
-from stagescope.analysis.ingest.otlp import otlp_spans_sql, sql_str
+from stagescope.analysis.ingest.otlp import MAX_OBJECT_BYTES, otlp_spans_sql, sql_str
 from stagescope.errors import UserError
 from stagescope.names import ATTR_STAGE
 
@@ -37,6 +37,9 @@ class FileSummary:
     skipped: bool = False
     note: str = ""
 
+
+#: Longest export request (one JSON line) read; DuckDB's read buffers scale with it.
+LARGEST_OBJECT_BYTES = 256 * 1024 * 1024
 
 _STAGE_INFO = (
     "bool_or(stage IS NOT NULL OR queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)"
@@ -94,14 +97,20 @@ class TraceLoader:
 
     # ---------------------------------------------------------------- OTLP
     def _insert_otlp(self, files: list[str], lines: bool, gz: bool, as_name: str | None = None) -> None:
-        opts = {
-            "fmt": "newline_delimited" if lines else "unstructured",
-            "compression": "gzip" if gz else "none",
-        }
-        sql = otlp_spans_sql(files, **opts)
-        if as_name is not None:
-            sql = f"SELECT * REPLACE ({sql_str(as_name)} AS file) FROM ({sql})"
-        self.con.execute(f"INSERT INTO spans {sql}")
+        fmt = "newline_delimited" if lines else "unstructured"
+        compression = "gzip" if gz else "none"
+        size = MAX_OBJECT_BYTES
+        while True:
+            sql = otlp_spans_sql(files, fmt=fmt, compression=compression, max_object_bytes=size)
+            if as_name is not None:
+                sql = f"SELECT * REPLACE ({sql_str(as_name)} AS file) FROM ({sql})"
+            try:
+                self.con.execute(f"INSERT INTO spans {sql}")
+                return
+            except duckdb.Error as exc:  # an export request longer than the object bound: widen it
+                if "maximum_object_size" not in str(exc) or size >= LARGEST_OBJECT_BYTES:
+                    raise
+                size *= 4
 
     def _load_otlp_group(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
         names = [str(f.path) for f in files]
