@@ -140,3 +140,30 @@ def test_pretty_printed_gzip_document(tmp_path: Path) -> None:
     assert _rows(ds, "SELECT trace_id, span_id, duration_ms, service FROM requests") == [
         ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174", 1000.0, "my.service")]  # fmt: skip
     ds.close()
+
+
+def test_relations_have_the_pinned_schema() -> None:
+    """The column names and types pinned in the plan ("Analysis tables"), even with no input."""
+    ds = load_dataset()
+    schema = {
+        rel: _rows(ds, f"DESCRIBE {rel}") for rel in ("requests", "stages", "token_gaps", "metric_samples")
+    }
+    assert [(c[0], c[1]) for c in schema["requests"]] == [
+        ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("service", "VARCHAR"), ("name", "VARCHAR"),
+        ("route", "VARCHAR"), ("model", "VARCHAR"), ("status_code", "INTEGER"), ("is_error", "BOOLEAN"),
+        ("start_unix_ns", "BIGINT"), ("duration_ms", "DOUBLE"), ("ttft_ms", "DOUBLE"), ("itl_mean_ms", "DOUBLE"),
+        ("itl_p99_ms", "DOUBLE"), ("itl_max_ms", "DOUBLE"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
+        ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
+        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"),
+    ]  # fmt: skip
+    assert [(c[0], c[1]) for c in schema["stages"]] == [
+        ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),
+        ("duration_ms", "DOUBLE"),
+    ]  # fmt: skip
+    assert [(c[0], c[1]) for c in schema["token_gaps"]] == [("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE")]
+    assert [(c[0], c[1]) for c in schema["metric_samples"]] == [
+        ("metric", "VARCHAR"), ("labels", "MAP(VARCHAR, VARCHAR)"), ("value", "DOUBLE"), ("ts_ms", "BIGINT"),
+        ("source", "VARCHAR"),
+    ]  # fmt: skip
+    assert _rows(ds, "SELECT count(*) FROM client_results") == [(0,)]
+    ds.close()
