@@ -83,6 +83,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
+    import os
     import signal
     import sys
 
@@ -132,13 +133,17 @@ def run(args: argparse.Namespace) -> int:
             loop.remove_signal_handler(signal.SIGINT)
 
     result = asyncio.run(main())
-    if args.json:
-        print(json.dumps(result.summary.to_dict(), indent=2))
-    else:
-        Console().print(summary_table(result.summary))
-        Console().print(
-            f"results: {result.out} ({len(result.results)} rows), client spans: {result.spans_written}"
-        )
+    try:
+        if args.json:
+            print(json.dumps(result.summary.to_dict(), indent=2), flush=True)
+        else:
+            out = Console()
+            out.print(summary_table(result.summary))
+            out.print(
+                f"results: {result.out} ({len(result.results)} rows), client spans: {result.spans_written}"
+            )
+    except BrokenPipeError:  # piped into e.g. head: the results file is written already
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the exit-time flush quiet
     if args.realtime and not result.summary.realtime:
         print("stagescope load: --realtime refused by the system; ran at normal priority", file=sys.stderr)
     if result.error:

@@ -50,10 +50,24 @@ def _spans(directory: Path) -> list[dict]:
 def test_predict_run_writes_pinned_results_and_client_spans(tmp_path: Path) -> None:
     out, spans_dir = tmp_path / "results.parquet", tmp_path / "spans"
     schedule = synthetic_schedule(100.0, 1.5, "poisson", seed=2)
+    snapshots: list = []
     with spawn("--delay-ms", "2") as url:
         run = asyncio.run(
-            run_load(url, schedule, route="/v1/predict", out=out, spans_dir=spans_dir, repeat_share=0.3)
+            run_load(
+                url,
+                schedule,
+                route="/v1/predict",
+                out=out,
+                spans_dir=spans_dir,
+                repeat_share=0.3,
+                progress=snapshots.append,
+            )
         )
+    assert len(snapshots) >= 4  # every 0.25 s, and once at the end
+    assert [s.sent for s in snapshots] == sorted(s.sent for s in snapshots)
+    last = snapshots[-1]
+    assert last.sent == last.completed == last.total == len(schedule) and last.in_flight == 0
+    assert last.p50_ms is not None and last.p99_ms is not None and last.p50_ms <= last.p99_ms
     table = pq.read_table(out)
     assert table.schema.equals(RESULTS_SCHEMA)
     rows = table.to_pylist()
