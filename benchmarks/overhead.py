@@ -208,7 +208,15 @@ def serve(variant: str, port: int, spans_dir: str | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------ client
-async def _client(port: int, connections: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _client(
+    port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int
+) -> dict[str, Any]:
     body = b'{"x": 1}'
     head = b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n"
     normal, slow = head % b"/predict" + body, head % b"/predict?slow=1" + body
@@ -237,12 +245,21 @@ async def _client(port: int, connections: int, warmup_s: float, duration_s: floa
                 counts[i] += 1
         writer.close()
 
+    async def cpu_window() -> tuple[float, float]:
+        await asyncio.sleep(measure_from - time.perf_counter())
+        c0 = _cpu_seconds(server_pid)
+        await asyncio.sleep(stop_at - time.perf_counter())
+        return c0, _cpu_seconds(server_pid)
+
+    window = asyncio.ensure_future(cpu_window())
     await asyncio.gather(*(conn(i) for i in range(connections)))
-    return {"requests": sum(counts), "rps": sum(counts) / duration_s}
+    c0, c1 = await window
+    n = sum(counts)
+    return {"requests": n, "rps": n / duration_s, "cpu_us": (c1 - c0) / max(n, 1) * 1e6}
 
 
-def run_client(port: int, connections: int, warmup_s: float, duration_s: float) -> None:
-    print(json.dumps(asyncio.run(_client(port, connections, warmup_s, duration_s))))
+def run_client(port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int) -> None:
+    print(json.dumps(asyncio.run(_client(port, connections, warmup_s, duration_s, server_pid))))
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -311,7 +328,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         _wait_ready(port, server)
         out = subprocess.run(
             [sys.executable, __file__, "--client", "--port", str(port), "--connections", str(args.connections),
-             "--warmup", str(args.warmup), "--duration", str(args.duration)],
+             "--warmup", str(args.warmup), "--duration", str(args.duration), "--server-pid", str(server.pid)],
             check=True, capture_output=True, text=True, env=env,
         )  # fmt: skip
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -336,16 +353,18 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
     p.add_argument("--connections", type=int, default=16, help="client connections (default 16)")
     p.add_argument("--only", choices=("trivial", "realistic"), help="run one endpoint only")
+    p.add_argument("--variants", help="comma list of variants to run (default: all of the endpoint(s))")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--spans-dir", help=argparse.SUPPRESS)
+    p.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.spans_dir)
         return 0
     if args.client:
-        run_client(args.port, args.connections, args.warmup, args.duration)
+        run_client(args.port, args.connections, args.warmup, args.duration, args.server_pid)
         return 0
 
     variants: list[str] = []
@@ -353,6 +372,8 @@ def main() -> int:
         variants += VARIANTS_TRIVIAL
     if args.only != "trivial":
         variants += VARIANTS_REALISTIC
+    if args.variants:
+        variants = [v for v in args.variants.split(",") if v]
     import uvicorn
 
     http_impl = "httptools" if _has("httptools") else "h11"
@@ -369,20 +390,25 @@ def main() -> int:
             if "traces" in res:
                 extra = (f"  traces kept {res['traces']}; slower than 250 ms: {res['slow_requests']} requests, "
                          f"{res['slow_traces_complete']} full traces")  # fmt: skip
-            print(f"round {r + 1} {v:17s} {res['rps']:8.0f} req/s{extra}", flush=True)
+            print(
+                f"round {r + 1} {v:17s} {res['rps']:8.0f} req/s {res['cpu_us']:7.0f} us CPU/request{extra}",
+                flush=True,
+            )
     med = {v: statistics.median(x["rps"] for x in rs) for v, rs in results.items()}
-    print("\nmedian requests/s:")
+    cpu = {v: statistics.median(x["cpu_us"] for x in rs) for v, rs in results.items()}
+    print("\nmedians:               req/s   server CPU us/request")
     for v in variants:
-        print(f"  {v:17s} {med[v]:8.0f}")
-    print("ratios:")
-    if "bare" in med:
-        print(
-            f"  trivial   stock/bare              {med['stock'] / med['bare']:.3f}   (REFERENCE: 0.40-0.56)"
-        )
-        print(f"  trivial   stagescope/bare         {med['stagescope'] / med['bare']:.3f}   (goal >= 0.85)")
-    if "bare-batch" in med:
-        ratio = med["stagescope-batch"] / med["bare-batch"]
-        print(f"  realistic stagescope/bare         {ratio:.3f}   (goal >= 0.97)")
+        print(f"  {v:17s} {med[v]:8.0f} {cpu[v]:10.0f}")
+    print("ratios (throughput; capacity = inverse server CPU per request, robust on a busy machine):")
+    for name, variant, base, goal in (
+        ("trivial   stock", "stock", "bare", "REFERENCE 0.40-0.56"),
+        ("trivial   stagescope", "stagescope", "bare", "goal >= 0.85"),
+        ("realistic stagescope", "stagescope-batch", "bare-batch", "goal >= 0.97"),
+    ):
+        if variant in med and base in med:
+            print(
+                f"  {name:22s} throughput {med[variant] / med[base]:.3f}   capacity {cpu[base] / cpu[variant]:.3f}   ({goal})"
+            )
     ok = all(
         x["slow_traces_complete"] >= x["slow_requests"]
         for v, rs in results.items()

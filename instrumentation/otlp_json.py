@@ -33,8 +33,23 @@ __all__ = ["any_value", "encode_attributes", "encode_spans", "span_to_otlp"]
 _STATUS_CODE = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
+def _int(v: int) -> dict[str, Any]:
+    return {"intValue": str(v)}
+
+
+_SCALARS: dict[type, Any] = {
+    str: lambda v: {"stringValue": v},
+    bool: lambda v: {"boolValue": v},
+    int: _int,
+    float: lambda v: {"doubleValue": v},
+}
+
+
 def any_value(value: Any) -> dict[str, Any]:
     """One OTLP ``AnyValue``."""
+    enc = _SCALARS.get(type(value))
+    if enc is not None:
+        return enc(value)  # type: ignore[no-any-return]
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
@@ -57,24 +72,25 @@ def any_value(value: Any) -> dict[str, Any]:
 def encode_attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     if not attrs:
         return []
-    return [{"key": k, "value": any_value(v)} for k, v in attrs.items()]
+    scalars = _SCALARS
+    out = []
+    for k, v in attrs.items():
+        enc = scalars.get(type(v))
+        out.append({"key": k, "value": enc(v) if enc is not None else any_value(v)})
+    return out
 
 
 def span_to_otlp(span: ReadableSpan) -> dict[str, Any]:
     """One span as an OTLP/JSON ``Span`` object."""
     ctx = span.context
     assert ctx is not None
-    out: dict[str, Any] = {
-        "traceId": format(ctx.trace_id, "032x"),
-        "spanId": format(ctx.span_id, "016x"),
-    }
+    parent = span.parent
+    out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ctx.trace_state.to_header()
-    if span.parent is not None and span.parent.span_id:
-        out["parentSpanId"] = format(span.parent.span_id, "016x")
-    out["flags"] = (
-        int(ctx.trace_flags) | 0x100 | (0x200 if span.parent is not None and span.parent.is_remote else 0)
-    )
+    if parent is not None and parent.span_id:
+        out["parentSpanId"] = f"{parent.span_id:016x}"
+    out["flags"] = int(ctx.trace_flags) | 0x100 | (0x200 if parent is not None and parent.is_remote else 0)
     out["name"] = span.name
     out["kind"] = span.kind.value + 1
     out["startTimeUnixNano"] = str(span.start_time or 0)
@@ -82,27 +98,29 @@ def span_to_otlp(span: ReadableSpan) -> dict[str, Any]:
     attrs = encode_attributes(span.attributes)
     if attrs:
         out["attributes"] = attrs
-    if span.events:
+    events = span.events
+    if events:
         out["events"] = [
             {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": encode_attributes(e.attributes)}
-            for e in span.events
+            for e in events
         ]
-    if span.links:
+    links = span.links
+    if links:
         out["links"] = [
             {
-                "traceId": format(link.context.trace_id, "032x"),
-                "spanId": format(link.context.span_id, "016x"),
+                "traceId": f"{link.context.trace_id:032x}",
+                "spanId": f"{link.context.span_id:016x}",
                 "attributes": encode_attributes(link.attributes),
             }
-            for link in span.links
+            for link in links
         ]
-    status: dict[str, Any] = {}
-    code = _STATUS_CODE.get(span.status.status_code, 0)
-    if code:
-        status["code"] = code
-    if span.status.description:
-        status["message"] = span.status.description
-    out["status"] = status
+    status = span.status
+    code = _STATUS_CODE.get(status.status_code, 0)
+    out["status"] = (
+        {"code": code, "message": status.description}
+        if code and status.description
+        else ({"code": code} if code else {})
+    )
     return out
 
 

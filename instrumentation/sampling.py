@@ -43,7 +43,7 @@ _log = logging.getLogger(__name__)
 #: Requests slower than this (milliseconds) always keep their trace, by default.
 DEFAULT_SLOW_THRESHOLD_MS = 250.0
 #: Share of the other requests that keep their trace, by default.
-DEFAULT_BASELINE_SAMPLE = 0.05
+DEFAULT_BASELINE_SAMPLE = 0.01
 
 REASON_SLOW = "slow"
 REASON_ERROR = "error"

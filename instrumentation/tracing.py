@@ -146,13 +146,21 @@ def _header(scope: MutableMapping[str, Any], name: bytes) -> list[str]:
     return [v.decode("latin-1") for k, v in scope.get("headers") or () if k.lower() == name]
 
 
-def _optional_util() -> tuple[Callable[[str], str], Callable[[str | None], str | None]]:
-    try:  # the same URL redaction and synthetic user-agent rule as OTel's HTTP instrumentations
-        from opentelemetry.util.http import detect_synthetic_user_agent, redact_url
+_UTIL: tuple[Callable[[str], str], Callable[[str | None], str | None]] | None = None
+#: Query parameters OTel's ``redact_url`` masks; a URL without them (or credentials) is left as it is.
+_REDACTED_PARAMS = ("AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature")
 
-        return redact_url, detect_synthetic_user_agent
-    except ImportError:  # pragma: no cover - opentelemetry-util-http ships with the otel-fastapi extra
-        return (lambda u: u), (lambda ua: None)
+
+def _optional_util() -> tuple[Callable[[str], str], Callable[[str | None], str | None]]:
+    global _UTIL
+    if _UTIL is None:
+        try:  # the same URL redaction and synthetic user-agent rule as OTel's HTTP instrumentations
+            from opentelemetry.util.http import detect_synthetic_user_agent, redact_url
+
+            _UTIL = redact_url, detect_synthetic_user_agent
+        except ImportError:  # pragma: no cover - opentelemetry-util-http ships with the otel-fastapi extra
+            _UTIL = (lambda u: u), (lambda ua: None)
+    return _UTIL
 
 
 def http_server_attributes(
@@ -191,8 +199,9 @@ def http_server_attributes(
             out["url.path"] = path
             if query:
                 out["url.query"] = query
-    if old:
-        out["http.url"] = redact_url(url)
+    if old:  # redact_url parses the URL twice: only pay that when there is something to redact
+        needs = "@" in url_host or (query and any(q in query for q in _REDACTED_PARAMS))
+        out["http.url"] = redact_url(url) if needs else url
     raw_method = (scope.get("method") or "").strip()
     if raw_method:
         method = raw_method.upper()
