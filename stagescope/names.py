@@ -124,6 +124,7 @@ METRIC_GENAI_REQUEST_DURATION: Final = "gen_ai_server_request_duration_seconds"
 # GPU exporter (dcgm-exporter names are read from its counters CSV; these are stagescope's own).
 METRIC_GPU_UP: Final = "stagescope_gpu_up"  # gauge: gpu; 0 when NVML calls for that GPU fail
 METRIC_GPU_EXPORTER_UP: Final = "stagescope_gpu_exporter_up"  # gauge: 0 when NVML is unavailable
+DCGM_VGPU_LICENSE_STATUS: Final = "DCGM_FI_DEV_VGPU_LICENSE_STATUS"  # in dcgm's default list; no NVML call
 DCGM_GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
 DCGM_MEM_COPY_UTIL: Final = "DCGM_FI_DEV_MEM_COPY_UTIL"
 DCGM_FB_USED: Final = "DCGM_FI_DEV_FB_USED"

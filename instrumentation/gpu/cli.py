@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from stagescope import names
+
 __all__ = ["register", "run"]
 
 
@@ -16,7 +18,8 @@ def register(subparsers: Any) -> None:
             "A Prometheus endpoint for every GPU NVML reports: the fields of dcgm-exporter's counters CSV "
             "that NVML can provide (same names, types, units and labels), per-process GPU memory and "
             "utilization, and the max and mean utilization over the last --window seconds sampled every "
-            "--interval seconds. Without a GPU or driver it keeps serving stagescope_gpu_exporter_up 0."
+            "--interval seconds. Without a GPU or driver it keeps serving "
+            f"{names.METRIC_GPU_EXPORTER_UP} 0."
         ),
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

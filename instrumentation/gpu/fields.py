@@ -212,5 +212,5 @@ LABEL_READERS: dict[str, Callable[[Any, Any], str]] = {
 
 #: Fields of dcgm-exporter's default list that this exporter leaves out, and why.
 NOT_PROVIDED: dict[str, str] = {
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "DCGM-side vGPU license state with no one-to-one NVML call",
+    names.DCGM_VGPU_LICENSE_STATUS: "DCGM-side vGPU license state with no one-to-one NVML call",
 }
