@@ -167,3 +167,13 @@ def test_relations_have_the_pinned_schema() -> None:
     ]  # fmt: skip
     assert _rows(ds, "SELECT count(*) FROM client_results") == [(0,)]
     ds.close()
+
+
+def test_file_named_twice_is_read_once_and_empty_dirs_are_reported(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    _write_requests(f, 4)
+    (tmp_path / "empty").mkdir()
+    with load_dataset(traces=[f, tmp_path, tmp_path / "empty"]) as ds:
+        assert _rows(ds, "SELECT count(*) FROM requests") == [(4,)]
+        assert [Path(x.path).name for x in ds.files] == ["t.jsonl"]
+        assert any("empty: no .json/.jsonl/.ndjson files" in w for w in ds.warnings)

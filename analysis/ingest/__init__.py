@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class Dataset:
     files: list[FileSummary] = field(default_factory=list)
     workdir: Path | None = None
     _tempdir: Path | None = None
+    _finalizer: Any = field(default=None, init=False, repr=False)
 
     def frame(self, relation: str) -> Any:
         """A relation (or a SELECT) as a polars DataFrame."""
@@ -71,12 +73,22 @@ class Dataset:
         )
         return self.con.sql(sql).pl()
 
+    def __post_init__(self) -> None:
+        if self._tempdir is not None:  # removed at close(), or when the Dataset is collected / at exit
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self._tempdir, ignore_errors=True)
+
     def close(self) -> None:
         """Close the connection and remove the temporary directory, if one was made."""
         self.con.close()
         if self._tempdir is not None:
-            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._finalizer()
             self._tempdir = None
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _connect(

@@ -34,20 +34,31 @@ class SniffedFile:
     size: int
 
 
-def expand_paths(paths: list[str | Path], suffixes: tuple[str, ...] = TRACE_SUFFIXES) -> list[Path]:
-    """Files named, and matching files under directories (recursively, sorted)."""
+def expand_paths(
+    paths: list[str | Path], suffixes: tuple[str, ...] = TRACE_SUFFIXES, warnings: list[str] | None = None
+) -> list[Path]:
+    """Files named, and matching files under directories (recursively, sorted); each file once even
+    when named twice (directly and through its directory). A directory without matching files is
+    reported in ``warnings``."""
     out: list[Path] = []
+    seen: set[Path] = set()
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(
                 f for f in p.rglob("*")
                 if f.is_file() and f.name.removesuffix(".gz").endswith(suffixes)
             )  # fmt: skip
-            out.extend(found)
+            if not found and warnings is not None:
+                warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory")
         elif p.is_file():
-            out.append(p)
+            found = [p]
         else:
             raise UserError(f"{p}: no such file or directory")
+        for f in found:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
     return out
 
 

@@ -125,7 +125,7 @@ def _decode(data: bytes, path: Path) -> str:
 
 def load_metric_files(ds: Dataset, paths: Sequence[str | Path], *, skip_bad: bool = False) -> None:
     """Exposition files (directories: ``*.prom``, ``*.txt``, ``*.metrics``) into ``metric_samples``."""
-    for path in expand_paths(list(paths), METRIC_SUFFIXES):
+    for path in expand_paths(list(paths), METRIC_SUFFIXES, ds.warnings):
         try:
             data = open_bytes(path)
             if not data.strip():

@@ -65,7 +65,7 @@ class TraceLoader:
     def load(self, paths: Sequence[str | Path]) -> None:
         groups: dict[tuple[bool, bool], list[SniffedFile]] = {}
         jaeger: list[SniffedFile] = []
-        for path in expand_paths(list(paths)):
+        for path in expand_paths(list(paths), warnings=self.warnings):
             try:
                 sf = sniff(path)
             except UserError as exc:
