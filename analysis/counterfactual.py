@@ -11,21 +11,31 @@ Model (stated, with its limits):
 * **Lever prediction** (:func:`lever_prediction`): each lever applies its own effect model to the
   per-request stage times, then the quantile is recomputed:
 
-  - ``cache-features``, ``offload-preprocessing``, ``shrink-response``, ``scale-out``: the stage's
-    tail is capped at its baseline quantile (a feature cache, a worker pool, a smaller payload or a
-    second executor make the slow cases behave like the normal ones);
-  - ``prewarm``: cold-start time removed;
+  - ``cache-features``, ``shrink-response``: the stage's tail is capped at its baseline quantile
+    (a feature cache or a smaller payload make the slow cases behave like the normal ones);
+  - ``scale-out``: executors doubled; each request's queue time is replaced by the wait of a G/G/2c
+    queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate and
+    variability and the executor time per request (busy time of distinct compute spans / requests);
+  - ``offload-preprocessing``: the stage's p5 is its CPU cost; a pool of the smallest size with
+    fewer than ``1 - objective`` of requests waiting (Erlang C) replaces the waiting inside the stage
+    (assumes the pool's threads find free CPU cores);
+  - ``prewarm``: the requests that waited for a model load (and ran in the backlog's big batches)
+    are served like the others: the quantile of the unaffected requests;
   - ``cap-batch-wait``: batch wait capped at the recommended maximum (see :func:`batch_wait_cap_ms`);
+    batches shrink to ``1 + rate * cap`` items and compute by the fitted ms per batch item;
   - ``quantize`` (int8) and ``compile-runtime``: compute time scaled by 0.5 and 0.7 (typical
     speed-ups; the real factor depends on the model), and queue time scaled by the change in
     ``rho / (1 - rho)`` of an M/M/1 queue whose utilization ``rho`` drops by the same factor
-    (``rho`` from the accelerator utilization, else the compute stage's share of wall time);
+    (``rho`` from the accelerator utilization, else 0.5);
   - ``cache-results``: requests whose input hash was already seen (every repeat after the first)
     skip batch wait, queue and compute; the others are unchanged;
-  - ``reduce-batch-tokens`` (inter-token): each gap loses ``slope * (running - cap)`` where
-    ``slope`` is the fitted ms-per-running-request of the gaps and ``cap`` the baseline's running
-    batch; ``speculative-decoding``: gaps halved; ``chunked-prefill``: prefill tail capped at its
-    baseline (long prompts stop holding the scheduler).
+  - ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
+    time (gap = a + b * running, ``running`` = the stream's mean running batch) reaches half the
+    threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
+    scatter around the fit among the streams with the smallest running batch (interference from
+    prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+  - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
+    the step in progress and their own step, each carrying one 256-token chunk.
 
 Limits: the model moves time within a request and keeps arrivals fixed; it cannot see effects the
 trace does not show (a cache's hit ratio on future traffic, a second executor's own warm-up), and for
@@ -234,6 +244,20 @@ def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribu
     return pred, f"batch wait capped at {cap:g} ms{note}"
 
 
+def _prewarm(con: duckdb.DuckDBPyConnection, attr: Attribution, col: str, q: float) -> tuple[float | None, str]:
+    """Prewarm: the requests that waited for a model load (and ran in the oversized batches of the
+    backlog behind it) are served like the requests that did not, so the quantile after the lever is
+    the quantile of the unaffected requests."""
+    if not attr.complete and attr.view is not None:
+        build_breakdown(con, attr.view)
+        attr.complete = True
+    src = f"(SELECT * FROM {_with_requests('bool_or(cold_start) AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+    row = con.execute(f"SELECT count(*) FROM {src}").fetchone()
+    if not row or not row[0]:
+        return None, "every request waited for a model load: nothing to compare with"
+    return _q(con, src, "value_ms", q), "requests that waited for a model load served like those that did not"
+
+
 def lever_prediction(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], lever: str, stage: str
 ) -> tuple[float | None, str]:
@@ -261,17 +285,7 @@ def lever_prediction(
             f"{stage} capped at its baseline p{q * 100:g} ({cap:.1f} ms)",
         )
     if lever == N.LEVER_PREWARM and col is not None:
-        waits = [c for c in (_col(attr, s) for s in (N.STAGE_QUEUE, N.STAGE_BATCH_WAIT)) if c]
-        caps = " + ".join(
-            f"greatest({c} - {_base_q(ev, s)!r}, 0)"
-            for c, s in zip(waits, [s for s in (N.STAGE_QUEUE, N.STAGE_BATCH_WAIT) if _col(attr, s)], strict=True)
-        )
-        backlog = f" - CASE WHEN {col} > 0 OR coalesce(cold, false) THEN {caps} ELSE 0 END" if caps else ""
-        return (
-            _q(con, _with_requests("bool_or(cold_start) AS cold"), f"value_ms - {col}{backlog}", q, attr),
-            "cold-start time removed, and the backlog it caused (queue and batch wait of the requests that "
-            "waited for the load, capped at their baseline)",
-        )
+        return _prewarm(con, attr, col, q)
     if lever == N.LEVER_CAP_BATCH_WAIT and col is not None:
         return _cap_batch_wait(con, view, attr, ev, col)
     if lever in LEVER_SPEEDUP:
@@ -324,10 +338,20 @@ def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str,
     if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
         slope, icpt = float(row[0]), float(row[1])
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
+        # scatter around the fit where the running batch varies least (its lowest decile): the
+        # interference (prefills joining a step) that remains once the batch is pinned at the cap
+        res = con.execute(
+            f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
+                FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src})"""
+        ).fetchone()
+        scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
+        before = _q(con, view.name, "value_ms", q)
+        pred = icpt + slope * cap + scatter
         return (
-            _q(con, src, f"value_ms - {slope!r} * greatest(coalesce(running, 0) - {cap!r}, 0)", q),
+            round(pred if before is None else min(pred, before), 3),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
-            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold",
+            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
+            f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
         )
     base = _q(con, view.name, "value_ms", 0.5)
     if base is None:
@@ -337,7 +361,8 @@ def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str,
 
 def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
     """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
-    behind a long prefill for more than one chunked step. Intrinsic prefill of a request = the p10 of
+    behind a long prefill for more than the step in progress plus its own step, each of which now
+    carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
     the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
     cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
     src = _with_requests("any_value(input_tokens) AS tokens, any_value(itl_mean_ms) AS itl")
@@ -356,11 +381,12 @@ def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attrib
                               FROM {src} WHERE tokens IS NOT NULL GROUP BY 1) USING (k)""".replace(
             f"{src} LEFT JOIN", f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src}) LEFT JOIN", 1
         ),
-        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + {step!r})",
+        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
         view.slo.quantile,
         attr,
     )
     return pred, (
-        f"prefill waits at most one chunked step ({step:.1f} ms: a {gap:.1f} ms decode step plus "
-        f"{CHUNK_TOKENS} prompt tokens at {per_token:.3f} ms each); a long prompt's own prefill unchanged"
+        f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
+        f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
+        f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
     )
