@@ -67,15 +67,16 @@ WHERE coalesce(c.is_client_attr, false)
 GROUP BY c.trace_id""",
         f"""CREATE OR REPLACE TEMP TABLE _staged AS
 SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
+        f"""CREATE OR REPLACE TEMP TABLE _cand AS
+SELECT s.*, c.client_ms, coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
+FROM {spans} s LEFT JOIN _client c USING (trace_id)
+WHERE s.stage IS NULL AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
+  AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
+        # server spans whose parent is another (non load-generator) span of the trace: downstream calls
+        f"""CREATE OR REPLACE TEMP TABLE _inner AS
+SELECT c.trace_id, c.span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
+WHERE c.kind = {KIND_SERVER} AND c.parent_span_id <> '' AND NOT c.parent_is_client""",
         f"""CREATE OR REPLACE {kind} requests AS
-WITH cand AS (
-  SELECT s.*, c.client_ms, c.client_start, c.span_ids FROM {spans} s LEFT JOIN _client c USING (trace_id)
-  WHERE s.stage IS NULL
-    AND NOT (c.span_ids IS NOT NULL AND list_contains(c.span_ids, s.span_id))
-    AND ((s.kind = {KIND_SERVER} AND (s.parent_span_id = '' OR list_contains(coalesce(c.span_ids, []), s.parent_span_id)
-            OR NOT EXISTS (SELECT 1 FROM {spans} p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)))
-         OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
-)
 SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS route, s.model,
   CAST(s.http_status AS INTEGER) AS status_code,
   (coalesce(s.http_status, 0) >= 500 OR s.otel_status = 2) AS is_error,
@@ -93,7 +94,8 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source
-FROM cand s""",
+FROM _cand s
+WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT trace_id, stage, start_ns AS start_unix_ns, end_ns AS end_unix_ns, (end_ns - start_ns) / 1e6 AS duration_ms
 FROM {spans} WHERE stage IS NOT NULL
