@@ -113,6 +113,7 @@ class _Instruments:
 
     def __init__(self, registry: CollectorRegistry, buckets: dict[str, tuple[float, ...]]) -> None:
         self.buckets = buckets
+        self.users = 0  # StageMetrics objects using these instruments
         r = registry
         m, route, stage_ = names.LABEL_MODEL, names.LABEL_ROUTE, names.LABEL_STAGE
 
@@ -205,10 +206,12 @@ def _instruments_for(registry: CollectorRegistry, buckets: dict[str, tuple[float
     with _LOCK:
         inst = _BY_REGISTRY.get(registry)
         if inst is not None and inst.buckets == buckets:
+            inst.users += 1
             return inst
         if inst is not None:  # re-instrumented with other buckets: the new families replace the old
             inst.unregister(registry)
         inst = _Instruments(registry, buckets)
+        inst.users = 1
         _BY_REGISTRY[registry] = inst
         return inst
 
@@ -246,6 +249,9 @@ class StageMetrics:
         self._folded: dict[str | None, str] = {None: NO_MODEL}
         self._routes: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._req_children: dict[tuple[str, str, int | None], Any] = {}  # (route, model, status code)
+        self._stage_children: dict[tuple[str, str], Any] = {}
+        self._released = False
 
     # -- label folding --------------------------------------------------------------------------
     def fold_model(self, name: str | None) -> str:
@@ -295,26 +301,41 @@ class StageMetrics:
         model = self.fold_model(record.model)
         ex = {"trace_id": trace_id} if trace_id else None
         end = record.end_ns
-        route = self._route(record.route or names.UNMATCHED_ROUTE)
+        start = record.start_ns
+        route = record.route or names.UNMATCHED_ROUTE
+        if route not in self._routes:
+            route = self._route(route)
+        code = record.status_code
         if end is not None:
-            dur = (end - record.start_ns) / 1e9
-            self._child(i.request, route, model, status_class(record.status_code)).observe(dur, ex)
-        if record.status_code == 429:
+            key = (route, model, code)
+            child = self._req_children.get(key)
+            if child is None:
+                child = self._req_children[key] = i.request.labels(route, model, status_class(code))
+            child.observe((end - start) / 1e9, ex)
+        if code == 429:
             self._child(i.shed, route, model).inc()
+        stage_children = self._stage_children
         for iv in record.stages:
-            self._child(i.stage, iv.stage, model).observe((iv.end_ns - iv.start_ns) / 1e9, ex)
+            skey = (iv.stage, model)
+            child = stage_children.get(skey)
+            if child is None:
+                child = stage_children[skey] = i.stage.labels(iv.stage, model)
+            child.observe((iv.end_ns - iv.start_ns) / 1e9, ex)
         tokens = record.token_ns
-        is_llm = bool(tokens) or record.output_tokens is not None or record.input_tokens is not None
-        if not is_llm:
-            return
+        if not tokens and record.output_tokens is None and record.input_tokens is None:
+            return  # not an LLM request
         if end is not None:
-            self._child(i.genai_request, model).observe((end - record.start_ns) / 1e9, ex)
+            self._child(i.genai_request, model).observe((end - start) / 1e9, ex)
         if record.first_token_ns is not None:
-            self._child(i.ttft, model).observe((record.first_token_ns - record.start_ns) / 1e9, ex)
+            self._child(i.ttft, model).observe((record.first_token_ns - start) / 1e9, ex)
         if len(tokens) >= 2:
+            gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(tokens)]
             itl = self._child(i.itl, model)
-            for a, b in itertools.pairwise(tokens):
-                itl.observe((b - a) / 1e9, ex)
+            # the exemplar goes on the stream's largest gap only: the tail buckets, the ones worth a
+            # click, still get one, and a long stream does not pay exemplar cost per token
+            worst = max(range(len(gaps)), key=gaps.__getitem__) if ex else -1
+            for k, gap in enumerate(gaps):
+                itl.observe(gap, ex if k == worst else None)
             n = record.output_tokens if record.output_tokens and record.output_tokens >= 2 else len(tokens)
             self._child(i.tpot, model).observe((tokens[-1] - tokens[0]) / 1e9 / (n - 1), ex)
 
@@ -352,12 +373,21 @@ class StageMetrics:
         self._child(self._i.ready, self.fold_model(model)).set(1 if ready else 0)
 
     def unregister(self) -> None:
-        """Remove this registry's stagescope families (``uninstrument_app``)."""
+        """Release this object's families (``uninstrument_app``): they leave the registry when no other
+        StageMetrics on the same registry (another instrumented app) still uses them. Idempotent."""
+        if self._released:
+            return
+        self._released = True
         with _LOCK:
+            self._i.users -= 1
+            if self._i.users > 0:
+                return
             if _BY_REGISTRY.get(self.registry) is self._i:
                 del _BY_REGISTRY[self.registry]
             self._i.unregister(self.registry)
         self._children.clear()
+        self._req_children.clear()
+        self._stage_children.clear()
 
 
 _default: StageMetrics | None = None

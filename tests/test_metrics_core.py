@@ -138,8 +138,13 @@ def test_several_instances_share_a_registry_and_rebucketing_replaces() -> None:
     c = StageMetrics(reg, models=["m"], buckets={names.METRIC_BATCH_SIZE: [1, 100]})
     c.observe_batch("m", 50)
     assert reg.get_sample_value(f"{names.METRIC_BATCH_SIZE}_bucket", {"model": "m", "le": "100.0"}) == 1
+    d = StageMetrics(reg, models=["m"], buckets={names.METRIC_BATCH_SIZE: [1, 100]})
+    c.unregister()  # d (another app on this registry) still publishes
     c.unregister()
+    assert reg.get_sample_value(f"{names.METRIC_BATCH_SIZE}_count", {"model": "m"}) == 1
+    d.unregister()
     assert reg.get_sample_value(f"{names.METRIC_BATCH_SIZE}_count", {"model": "m"}) is None
+    StageMetrics(reg)  # the families can be registered again
 
 
 def test_counters_and_gauges() -> None:
