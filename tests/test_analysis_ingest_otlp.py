@@ -177,3 +177,29 @@ def test_file_named_twice_is_read_once_and_empty_dirs_are_reported(tmp_path: Pat
         assert _rows(ds, "SELECT count(*) FROM requests") == [(4,)]
         assert [Path(x.path).name for x in ds.files] == ["t.jsonl"]
         assert any("empty: no .json/.jsonl/.ndjson files" in w for w in ds.warnings)
+
+
+def test_client_root_without_flag_and_generic_downstream_servers(tmp_path: Path) -> None:
+    """A CLIENT root with a SERVER child counts as the load generator (network = client - server);
+    a SERVER span called by another service's span is a downstream call, not a request."""
+    from stagescope.analysis.synth import KIND_CLIENT
+
+    tid = _tid(7)
+    spans = [
+        SynthSpan(tid, "c" * 16, "GET /a", T0, T0 + 50_000_000, kind=KIND_CLIENT, service="curl"),
+        SynthSpan(
+            tid, "a" * 16, "GET /a", T0 + 5_000_000, T0 + 45_000_000, "c" * 16, KIND_SERVER, service="front"
+        ),
+        SynthSpan(
+            tid, "d" * 16, "call b", T0 + 6_000_000, T0 + 30_000_000, "a" * 16, KIND_CLIENT, service="front"
+        ),
+        SynthSpan(
+            tid, "b" * 16, "GET /b", T0 + 7_000_000, T0 + 29_000_000, "d" * 16, KIND_SERVER, service="back"
+        ),
+    ]
+    f = tmp_path / "t.jsonl"
+    write_otlp_lines(f, spans)
+    with load_dataset(traces=[f]) as ds:
+        assert _rows(ds, "SELECT span_id, service, duration_ms, client_duration_ms, source FROM requests") == [
+            ("a" * 16, "front", 40.0, 50.0, "generic")]  # fmt: skip
+        assert _rows(ds, "SELECT stage, duration_ms FROM stages") == [("network", 10.0)]
