@@ -196,3 +196,16 @@ def test_skip_bad_keeps_the_rest(
     (n,) = ds.con.execute("SELECT count(*) FROM requests").fetchall()[0]
     assert n >= 2  # the good file, plus whatever good lines the bad one had
     ds.close()
+
+
+def test_malformed_file_among_many_is_found_and_the_rest_read(tmp_path: Path) -> None:
+    """DuckDB rejects the whole group: the bad file is found by bisection, the others still load."""
+    for i in range(7):
+        (tmp_path / f"spans-1-{i}.jsonl").write_text("\n".join(_good_lines(2)) + "\n")
+    bad = tmp_path / "spans-1-7.jsonl"
+    bad.write_text("\n".join(_good_lines(3)) + "\n" + G[:100] + "\n")
+    with pytest.raises(UserError, match=rf"^{bad}:4: malformed JSON"):
+        load_dataset(traces=[tmp_path])
+    with load_dataset(traces=[tmp_path], skip_bad=True) as ds:
+        assert ds.con.execute("SELECT count(*) FROM requests").fetchall() == [(7 * 2 + 3,)]
+        assert {f.kind for f in ds.files} == {"sink"} and sum(f.spans for f in ds.files) == (7 * 2 + 3) * 3

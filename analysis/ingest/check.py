@@ -11,10 +11,12 @@ guess at their unit (seconds, milliseconds, microseconds).
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -124,36 +126,59 @@ def _doc_problem(doc: Any) -> str | None:
     return None
 
 
-def diagnose_otlp(path: Path, *, lines: bool, limit: int = 1000) -> tuple[list[Problem], bytes]:
-    """Problems (1-based line numbers, at most ``limit``) and the file's good lines (for skip-bad).
+def _open_lines(path: Path) -> IO[bytes]:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # GzipFile is a binary IO
+    return open(path, "rb")
 
-    For a single multi-line document the good part is empty when it has a problem; the line named is
-    the JSON syntax error's line, or the first line holding the offending value.
+
+def diagnose_otlp(
+    path: Path, *, lines: bool, good_out: Path | None = None, limit: int = 1000
+) -> tuple[list[Problem], int]:
+    """Problems (1-based line numbers, at most ``limit``; reading stops there) and how many good lines
+    were written to ``good_out`` (for skip-bad). Lines are streamed: memory stays bounded.
+
+    For a single multi-line document nothing is good when it has a problem; the line named is the
+    JSON syntax error's line, or the first line holding the offending value.
     """
-    data = open_bytes(path)
     problems: list[Problem] = []
     if not lines:
+        data = open_bytes(path)
         try:
             doc = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            return [Problem(exc.lineno, f"malformed JSON: {exc.msg}")], b""
+            return [Problem(exc.lineno, f"malformed JSON: {exc.msg}")], 0
         msg = _doc_problem(doc)
-        if msg is None:
-            return [], data
-        return [Problem(_line_of(data, msg), msg)], b""
-    good = bytearray()
-    for no, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            msg = _doc_problem(orjson.loads(raw))
-        except orjson.JSONDecodeError as exc:
-            msg = f"malformed JSON ({'truncated line' if 'EOF' in exc.msg or 'end' in exc.msg else exc.msg})"
-        if msg is None:
-            good += raw + b"\n"
-        elif len(problems) < limit:
-            problems.append(Problem(no, msg))
-    return problems, bytes(good)
+        return ([Problem(_line_of(data, msg), msg)] if msg else []), 0
+    n_good = 0
+    no = 0
+    out = open(good_out, "wb") if good_out is not None else None  # noqa: SIM115
+    try:
+        with _open_lines(path) as f:
+            for no, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    msg = _doc_problem(orjson.loads(raw))
+                except orjson.JSONDecodeError as exc:
+                    cut = "EOF" in exc.msg or "end" in exc.msg
+                    msg = f"malformed JSON ({'truncated line' if cut else exc.msg})"
+                if msg is None:
+                    if out is not None:
+                        out.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                    n_good += 1
+                    continue
+                problems.append(Problem(no, msg))
+                if len(problems) >= limit:
+                    break
+    except (OSError, EOFError, zlib.error) as exc:
+        problems.append(Problem(no + 1, f"corrupt gzip data ({exc})"))
+    finally:
+        if out is not None:
+            out.close()
+    return problems, n_good
 
 
 def _line_of(data: bytes, msg: str) -> int:

@@ -113,29 +113,37 @@ class TraceLoader:
                 size *= 4
 
     def _load_otlp_group(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
-        names = [str(f.path) for f in files]
         for f in files:
             self.files.append(FileSummary(str(f.path), f.kind))
-        try:
-            self._insert_otlp(names, lines, gz)
-            return
-        except duckdb.Error:
-            if len(files) == 1:
-                self._recover(files[0])
-                return
-        for f in files:  # retry one by one to find the bad ones
-            try:
-                self._insert_otlp([str(f.path)], lines, gz)
-            except duckdb.Error:
-                self._recover(f)
+        self._insert_or_split(files, lines, gz)
 
-    def _recover(self, f: SniffedFile, problems: list[Problem] | None = None) -> None:
-        """Diagnose a file the SQL path choked on; raise, or load its good lines (skip_bad)."""
-        found, good = diagnose_otlp(f.path, lines=f.lines)
-        problems = problems or found
+    def _insert_or_split(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
+        """Insert a group of files; when DuckDB fails, bisect to the bad files and diagnose them."""
+        try:
+            self._insert_otlp([str(f.path) for f in files], lines, gz)
+        except duckdb.Error as exc:
+            if len(files) == 1:
+                self._recover(files[0], str(exc).splitlines()[0])
+                return
+            half = len(files) // 2
+            self._insert_or_split(files[:half], lines, gz)
+            self._insert_or_split(files[half:], lines, gz)
+
+    def _recover(self, f: SniffedFile, duckdb_error: str = "") -> None:
+        """Diagnose a file the SQL path choked on (or left invalid rows of); raise, or (skip_bad) load
+        its good lines."""
+        clean = self.scratch / f"clean-{hashlib.sha1(str(f.path).encode()).hexdigest()[:12]}.jsonl"
+        problems, n_good = diagnose_otlp(
+            f.path,
+            lines=f.lines,
+            good_out=clean if self.skip_bad else None,
+            limit=1000 if self.skip_bad else 1,
+        )
         if not problems:
-            problems = [Problem(1, "DuckDB could not read it as OTLP/JSON")]
-        self.bad(f.path, problems, f.kind, good)
+            detail = f": {duckdb_error}" if duckdb_error else ""
+            problems = [Problem(1, f"could not be read as OTLP/JSON{detail}")]
+            n_good = 0
+        self.bad(f.path, problems, f.kind, clean if n_good else None)
 
     def _validate_rows(self, groups: dict[tuple[bool, bool], list[SniffedFile]]) -> None:
         bad_files = {
@@ -166,7 +174,8 @@ class TraceLoader:
         self.warnings.append(f"skipped: {message}")
         self.files.append(FileSummary(str(path), "otlp", skipped=True, note=message))
 
-    def bad(self, path: Path, problems: list[Problem], kind: str, good: bytes = b"") -> None:
+    def bad(self, path: Path, problems: list[Problem], kind: str, good_lines: Path | None = None) -> None:
+        """Raise for bad input, or (skip_bad) warn and read ``good_lines`` (a file of the good lines)."""
         first = problems[0]
         more = f" (and {len(problems) - 1} more bad lines)" if len(problems) > 1 else ""
         message = f"{path}:{first.line}: {first.message}{more}"
@@ -176,10 +185,8 @@ class TraceLoader:
         if summary is None:
             summary = FileSummary(str(path), kind)
             self.files.append(summary)
-        if good.strip():
-            clean = self.scratch / f"clean-{hashlib.sha1(str(path).encode()).hexdigest()[:12]}.jsonl"
-            clean.write_bytes(good)
-            self._insert_otlp([str(clean)], True, False, as_name=str(path))
+        if good_lines is not None:
+            self._insert_otlp([str(good_lines)], True, False, as_name=str(path))
             summary.note = f"{len(problems)} bad lines skipped"
             self.warnings.append(f"skipped bad lines: {message}; the other lines were read")
         else:
