@@ -14,9 +14,10 @@ Trivial endpoint (``POST /predict`` answering a small JSON):
 Realistic endpoint (``POST /predict`` through a dynamic batcher to a *simulated accelerator*: 5 ms of
 ``asyncio.sleep`` per batch, max batch 8, max wait 2 ms, one executor; so at most 1,600 requests/s,
 the accelerator's limit, as in a GPU-bound service):
-  (d) ``bare-batch``: a minimal uninstrumented batcher with the same policy;
-  (e) ``stagescope-batch``: ``stagescope.DynamicBatcher`` + ``instrument_app`` defaults, plus
-      preprocess/postprocess stages.
+  (d) ``bare-batch``: ``stagescope.DynamicBatcher``, no ``instrument_app``, no stages;
+  (e) ``stagescope-batch``: the same plus ``instrument_app`` defaults and preprocess/postprocess stages
+      (so five stages per request with the batcher's batch_wait, queue and compute);
+  (f) ``plain-batch``: for reference, a minimal batcher with the same policy and no stagescope at all.
 
 One request in 1000 (every variant alike) asks for ``?slow=1`` and sleeps 300 ms: for the stagescope
 variants the script checks that every request slower than the slow threshold (250 ms by default) kept
@@ -43,7 +44,7 @@ from typing import Any
 
 SLOW_EVERY = 1000
 VARIANTS_TRIVIAL = ("bare", "stock", "stagescope")
-VARIANTS_REALISTIC = ("bare-batch", "stagescope-batch")
+VARIANTS_REALISTIC = ("bare-batch", "stagescope-batch", "plain-batch")
 ENV_CLEAR = (
     "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_EXPORTER_OTLP_ENDPOINT", "STAGESCOPE_SPANS_DIR",
     "STAGESCOPE_SLOW_THRESHOLD_MS", "STAGESCOPE_BASELINE_SAMPLE", "PROMETHEUS_MULTIPROC_DIR",
@@ -116,8 +117,15 @@ def build_app(variant: str, spans_dir: str | None) -> Any:
                 pass
             return {"ok": True}
 
-    elif variant == "bare-batch":
-        batcher = _MinimalBatcher(simulated_accelerator, max_batch_size=8, max_wait_s=0.002)
+    elif variant in ("plain-batch", "bare-batch"):
+        if variant == "plain-batch":
+            batcher = _MinimalBatcher(simulated_accelerator, max_batch_size=8, max_wait_s=0.002)
+        else:
+            import stagescope
+
+            batcher = stagescope.DynamicBatcher(
+                simulated_accelerator, max_batch_size=8, max_wait_ms=2, model="bench-model"
+            )
 
         @app.post("/predict")
         async def predict_bare_batch(slow: int = 0) -> Any:
@@ -404,6 +412,7 @@ def main() -> int:
         ("trivial   stock", "stock", "bare", "REFERENCE 0.40-0.56"),
         ("trivial   stagescope", "stagescope", "bare", "goal >= 0.85"),
         ("realistic stagescope", "stagescope-batch", "bare-batch", "goal >= 0.97"),
+        ("realistic vs plain", "stagescope-batch", "plain-batch", "DynamicBatcher + instrumentation"),
     ):
         if variant in med and base in med:
             print(

@@ -213,7 +213,8 @@ def instrument_app(
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         options: dict[str, Any] = {"exclude_spans": ["receive", "send"]}
-        options.update(otel_fastapi_options or {})
+        for key, value in (otel_fastapi_options or {}).items():  # user hooks can never fail a request
+            options[key] = _guarded_hook(key, value) if key.endswith("_hook") and callable(value) else value
         excluded = options.pop("excluded_urls", None)
         FastAPIInstrumentor.instrument_app(
             app,
@@ -233,6 +234,23 @@ def instrument_app(
     ref = weakref.ref(handle)
     atexit.register(lambda: (h := ref()) is not None and h.force_flush(5.0))
     return handle
+
+
+def _guarded_hook(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a user hook: an exception in it is logged once and swallowed, the request goes on."""
+    warned = False
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        try:
+            return hook(*args, **kwargs)
+        except Exception:
+            if not warned:
+                warned = True
+                _log.warning("stagescope: %s failed (further failures not logged)", name, exc_info=True)
+            return None
+
+    return guarded
 
 
 def _has_destination(spans_dir: object) -> bool:
