@@ -158,14 +158,18 @@ def _check_window(slo: SLO) -> None:
 
 
 def slo_rule_groups(slos: Sequence[SLO], runbook: str = DEFAULT_RUNBOOK) -> list[dict[str, Any]]:
-    """Three groups per SLO: SLI error ratios, metadata, alerts. Raises ``ValueError`` on a bad SLO."""
+    """One group per SLO: SLI error ratios, metadata, then the alerts. Raises ``ValueError`` on a bad SLO.
+
+    One group, not three: rules of a group run in order at each evaluation, so the alerts read the
+    error ratios of the same evaluation (groups run independently, and an alert in another group would
+    see ratios one interval old, or fresh ones, depending on scheduling).
+    """
     groups: list[dict[str, Any]] = []
     for slo in slos:
         _check_window(slo)
         q = sli_query(slo)
-        groups.append({"name": f"slo-sli-{slo.name}", "rules": _sli_rules(slo, q)})
-        groups.append({"name": f"slo-meta-{slo.name}", "rules": _meta_rules(slo, q)})
-        groups.append({"name": f"slo-alerts-{slo.name}", "rules": alert_rules(slo, q, runbook)})
+        rules = [*_sli_rules(slo, q), *_meta_rules(slo, q), *alert_rules(slo, q, runbook)]
+        groups.append({"name": f"slo-{slo.name}", "rules": rules})
     return groups
 
 

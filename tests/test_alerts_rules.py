@@ -108,9 +108,8 @@ def _annotations(slo_name: str, alert: str, value: float) -> dict[str, str]:
     (rule,) = [
         r
         for g in groups
-        if g["name"] == f"slo-alerts-{slo_name}"
         for r in g["rules"]
-        if r.get("alert") == alert
+        if r.get("alert") == alert and r["labels"][names.LABEL_SLO] == slo_name
     ]
     out = dict(rule["annotations"])
     out["description"] = out["description"].replace(
