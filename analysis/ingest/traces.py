@@ -45,8 +45,9 @@ _STAGE_INFO = (
     "bool_or(stage IS NOT NULL OR queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)"
 )
 _BAD_ROW = (
-    f"(trace_id IS NULL OR NOT regexp_full_match(trace_id, '[0-9a-f]{{32}}') OR span_id IS NULL "
-    f"OR NOT regexp_full_match(span_id, '[0-9a-f]{{16}}') OR start_ns IS NULL OR end_ns IS NULL "
+    "(trace_id IS NULL OR length(trace_id) <> 32 OR try(from_hex(trace_id)) IS NULL "
+    "OR span_id IS NULL OR length(span_id) <> 16 OR try(from_hex(span_id)) IS NULL "
+    "OR start_ns IS NULL OR end_ns IS NULL "
     f"OR start_ns < {MIN_NS} OR start_ns > {MAX_NS} OR end_ns < start_ns OR end_ns > {MAX_NS})"
 )
 
@@ -92,8 +93,11 @@ class TraceLoader:
             from stagescope.analysis.ingest.jaeger import load_jaeger_files
 
             load_jaeger_files(self, jaeger)
-        self._validate_rows(groups)
-        self._summarize()
+        stats = self._file_stats()
+        if any(bad for _, _, bad in stats.values()):
+            self._validate_rows(groups, {f: bad for f, (_, _, bad) in stats.items() if bad})
+            stats = self._file_stats()
+        self._summarize(stats)
 
     # ---------------------------------------------------------------- OTLP
     def _insert_otlp(self, files: list[str], lines: bool, gz: bool, as_name: str | None = None) -> None:
@@ -145,15 +149,16 @@ class TraceLoader:
             n_good = 0
         self.bad(f.path, problems, f.kind, clean if n_good else None)
 
-    def _validate_rows(self, groups: dict[tuple[bool, bool], list[SniffedFile]]) -> None:
-        bad_files = {
-            r[0]: r[1]
-            for r in self.con.execute(
-                f"SELECT file, count(*) FROM spans WHERE {_BAD_ROW} GROUP BY file"
-            ).fetchall()
-        }
-        if not bad_files:
-            return
+    def _file_stats(self) -> dict[str, tuple[int, bool, int]]:
+        """Per file: spans, whether any carries stage information, spans with bad ids or times."""
+        rows = self.con.execute(
+            f"SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}) FROM spans GROUP BY file"
+        ).fetchall()
+        return {r[0]: (int(r[1]), bool(r[2]), int(r[3])) for r in rows}
+
+    def _validate_rows(
+        self, groups: dict[tuple[bool, bool], list[SniffedFile]], bad_files: dict[str, int]
+    ) -> None:
         for files in groups.values():
             for f in files:
                 if str(f.path) in bad_files:
@@ -195,15 +200,9 @@ class TraceLoader:
             self.warnings.append(f"skipped file: {message}")
 
     # ---------------------------------------------------------------- summaries
-    def _summarize(self) -> None:
-        stats = {
-            r[0]: (r[1], bool(r[2]))
-            for r in self.con.execute(
-                f"SELECT file, count(*), {_STAGE_INFO} FROM spans GROUP BY file"
-            ).fetchall()
-        }
+    def _summarize(self, stats: dict[str, tuple[int, bool, int]]) -> None:
         for s in self.files:
-            n, staged = stats.get(s.path, (0, False))
+            n, staged, _ = stats.get(s.path, (0, False, 0))
             s.spans, s.has_stage_info = n, staged
             if n and not staged:
                 self.warnings.append(
