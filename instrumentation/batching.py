@@ -208,6 +208,8 @@ class DynamicBatcher(Generic[T, R]):
         self._idle: asyncio.Event | None = None
         self._stopped = False
         self._batch_s: float | None = None  # moving average of batch execution seconds
+        self._depth_metrics: StageMetrics | None = None  # where the queue depth was last published
+        self._depth_published = 0
         self._run_starts: list[int] = []  # start times of the running batches
         self.batches_run = 0
 
@@ -345,7 +347,17 @@ class DynamicBatcher(Generic[T, R]):
         return default_metrics() if self._metrics is None else self._metrics
 
     def _publish_depth(self) -> None:
-        self._metrics_now().set_queue_depth(self.model, self._waiting)
+        """Move the queue-depth gauge by this batcher's change since it last published, so batchers
+        sharing a model label add up (and a newly installed StageMetrics takes over the whole count)."""
+        m = self._metrics_now()
+        if m is not self._depth_metrics:
+            if self._depth_metrics is not None and self._depth_published:
+                self._depth_metrics.add_queue_depth(self.model, -self._depth_published)
+            self._depth_metrics, self._depth_published = m, 0
+        delta = self._waiting - self._depth_published
+        if delta:
+            m.add_queue_depth(self.model, delta)
+            self._depth_published = self._waiting
 
     def _retry_after_s(self, depth: int) -> float:
         """Estimated seconds until a slot frees: the batches ahead at the mean batch time (or the

@@ -355,8 +355,13 @@ class StageMetrics:
 
     # -- batcher and model lifecycle ------------------------------------------------------------
     def set_queue_depth(self, model: str | None, n: int) -> None:
-        """Requests waiting in the batcher of ``model`` right now."""
+        """Requests waiting in the batcher of ``model`` right now (one batcher per model label)."""
         self._child(self._i.queue_depth, self.fold_model(model)).set(n)
+
+    def add_queue_depth(self, model: str | None, delta: int) -> None:
+        """Change the waiting count of ``model`` by ``delta``: composes when several batchers (or
+        several folded models) share one label value, which :meth:`set_queue_depth` cannot."""
+        self._child(self._i.queue_depth, self.fold_model(model)).inc(delta)
 
     def observe_batch(self, model: str | None, size: int) -> None:
         """One executed batch of ``size`` items."""

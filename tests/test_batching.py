@@ -365,3 +365,28 @@ def test_bad_settings_are_rejected(kwargs: dict[str, int], match: str) -> None:
 
     with pytest.raises(ValueError, match=match):
         DynamicBatcher(run, **kwargs)  # type: ignore[arg-type]
+
+
+def test_two_batchers_of_one_model_add_up_in_the_queue_depth_gauge() -> None:
+    reg, m = _metrics()
+    gate = asyncio.Event()
+
+    async def run(items: list[int]) -> list[int]:
+        await gate.wait()
+        return items
+
+    async def main() -> None:
+        a = DynamicBatcher(run, max_batch_size=100, max_wait_ms=10_000, model="m", metrics=m)
+        b = DynamicBatcher(run, max_batch_size=100, max_wait_ms=10_000, model="m", metrics=m)
+        tasks = [asyncio.create_task(x.submit(i)) for x, n in ((a, 3), (b, 2)) for i in range(n)]
+        await asyncio.sleep(0.01)
+        assert reg.get_sample_value(names.METRIC_QUEUE_DEPTH, {"model": "m"}) == 5
+        a.max_wait_ms = 0  # a's open batch closes now and goes to its executor
+        await asyncio.sleep(0.01)
+        assert reg.get_sample_value(names.METRIC_QUEUE_DEPTH, {"model": "m"}) == 2
+        gate.set()
+        await b.stop()
+        await asyncio.gather(*tasks)
+        assert reg.get_sample_value(names.METRIC_QUEUE_DEPTH, {"model": "m"}) == 0
+
+    asyncio.run(main())
