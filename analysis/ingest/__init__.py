@@ -133,19 +133,23 @@ def load_dataset(
 ) -> Dataset:
     """Read traces, metrics and load-generator results into DuckDB relations (see the module doc).
 
-    ``window`` (Unix ns) bounds the live Prometheus range queries. Bad input raises
-    :class:`UserError` naming file and line; with ``skip_bad`` it becomes a warning instead.
+    ``window`` (Unix ns) bounds the live Prometheus range queries (default: the span of the ingested
+    requests), ``prometheus_step_s`` their resolution. Bad input raises :class:`UserError` naming file
+    and line; with ``skip_bad`` it becomes a warning instead. ``workdir`` keeps the DuckDB database
+    (``stagescope.duckdb``) and scratch files; ``memory_limit`` and ``threads`` are DuckDB's settings.
     """
     pre = _preingested(traces)
     raw_traces = [p for p in traces if Path(p) not in pre]
-    tempdir = Path(tempfile.mkdtemp(prefix="stagescope-ingest-"))
     wd = Path(workdir) if workdir is not None else None
     if wd is not None:
         wd.mkdir(parents=True, exist_ok=True)
+    # scratch (spill files, cleaned copies of bad files) lives in the workdir when there is one
+    tempdir = Path(tempfile.mkdtemp(prefix="stagescope-ingest-", dir=wd))
     db: Path | None = None
     if wd is not None:
         db = wd / "stagescope.duckdb"
-        db.unlink(missing_ok=True)
+        for old in (db, db.with_name(db.name + ".wal")):
+            old.unlink(missing_ok=True)
     elif _input_bytes(raw_traces) > DISK_THRESHOLD_BYTES:
         db = tempdir / "stagescope.duckdb"
     con = _connect(db, tempdir, memory_limit, threads)
