@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,6 +59,7 @@ __all__ = [
     "StageMetrics",
     "default_metrics",
     "make_metrics_app",
+    "reap_dead_workers",
     "resolve_buckets",
     "set_default_metrics",
     "status_class",
@@ -446,6 +448,46 @@ def make_metrics_app(registry: CollectorRegistry | None = None) -> Callable[...,
                         await send({"type": "lifespan.shutdown.complete"})
                         return
             return
+        if mp_dir:
+            reap_dead_workers(mp_dir)
         await inner(scope, receive, send)
 
     return metrics_app
+
+
+_LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+
+def reap_dead_workers(path: str) -> list[int]:
+    """Drop the live-gauge files of worker processes that no longer exist (multiprocess mode).
+
+    prometheus-client keeps a dead worker's ``live*`` gauges (in-flight requests, queue depth) until
+    someone calls ``mark_process_dead``; gunicorn has a hook for it, uvicorn's supervisor has none, so
+    the metrics app does it on each scrape. Counters and histograms of dead workers stay (they are
+    totals). Returns the pids reaped.
+    """
+    from prometheus_client import multiprocess
+
+    dead = set()
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return []
+    for name in entries:
+        m = _LIVE_GAUGE_FILE.match(name)
+        if m and not _pid_alive(int(m.group(1))):
+            dead.add(int(m.group(1)))
+    for pid in dead:
+        with contextlib.suppress(OSError):
+            multiprocess.mark_process_dead(pid, path)
+    return sorted(dead)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

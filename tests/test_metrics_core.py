@@ -208,3 +208,18 @@ def test_exemplars_only_in_openmetrics() -> None:
     r = asyncio.run(scrape(None))
     assert r.headers["content-type"].startswith("text/plain")
     assert TRACE_ID not in r.text and f"{names.METRIC_REQUEST_DURATION}_bucket" in r.text
+
+
+def test_dead_workers_live_gauges_are_reaped_and_totals_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from stagescope.instrumentation.metrics import reap_dead_workers
+
+    dead_pid = 2**31 - 2  # above any Linux pid_max
+    for name in (f"gauge_livesum_{dead_pid}.db", f"gauge_livemax_{dead_pid}.db", f"counter_{dead_pid}.db",
+                 f"histogram_{dead_pid}.db", f"gauge_livesum_{os.getpid()}.db"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+    assert reap_dead_workers(str(tmp_path)) == [dead_pid]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"counter_{dead_pid}.db", f"histogram_{dead_pid}.db", f"gauge_livesum_{os.getpid()}.db"]
+    )
