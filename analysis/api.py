@@ -60,7 +60,11 @@ def _pick(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[SLO, list[di
         scored.append((ratio, s, qs))
     scored.sort(key=lambda t: -t[0])
     others = [
-        {"slo": s.to_dict(), "quantile_ms": None if qs["q"] is None else round(qs["q"], 3), "breached": r > 1.0}
+        {
+            "slo": s.to_dict(),
+            "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),
+            "breached": r > 1.0,
+        }
         for r, s, qs in scored[1:]
     ]
     return scored[0][1], others
@@ -95,12 +99,23 @@ def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attributio
     out = []
     for r in rows:
         stages = {s: round(float(v), 3) for (s, _), v in zip(cols, r[3:], strict=True) if v}
-        out.append({"trace_id": r[0], "start_unix_ms": int(r[1] // 1_000_000), "value_ms": round(r[2], 3), "stages": stages})
+        out.append(
+            {
+                "trace_id": r[0],
+                "start_unix_ms": int(r[1] // 1_000_000),
+                "value_ms": round(r[2], 3),
+                "stages": stages,
+            }
+        )
     return out
 
 
 def analyze(
-    dataset: Any, slo: str | SLO | list[SLO], *, window: str = B.DEFAULT_WINDOW, warnings: list[str] | None = None
+    dataset: Any,
+    slo: str | SLO | list[SLO],
+    *,
+    window: str = B.DEFAULT_WINDOW,
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
     """Analyse one incident: the pinned report dict (see the module docstring and the README)."""
     con = connection(dataset)
@@ -131,7 +146,9 @@ def analyze(
         return report
     attr = A.attribute(con, view, breached, qs["q"], qs["p50"])
     if attr.baseline_n == 0:
-        warns.append("no baseline requests (every sample is over the threshold): excess is measured against nothing")
+        warns.append(
+            "no baseline requests (every sample is over the threshold): excess is measured against nothing"
+        )
     ev = E.gather(con, view, attr)
     ev["shares"] = {r["stage"]: r["share"] for r in attr.rows}
     ev["excess"] = {r["stage"]: r["excess_ms"] for r in attr.rows}
@@ -162,11 +179,17 @@ def _r(x: float | None) -> float | None:
 
 
 def _request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
-    row = con.execute(f"SELECT count(DISTINCT trace_id) FROM {view.name}").fetchone() if not view.per_request else None
+    row = (
+        con.execute(f"SELECT count(DISTINCT trace_id) FROM {view.name}").fetchone()
+        if not view.per_request
+        else None
+    )
     return int(row[0]) if row else view.count
 
 
-def _levers(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution, ev: dict[str, Any]) -> list[dict[str, Any]]:
+def _levers(
+    con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution, ev: dict[str, Any]
+) -> list[dict[str, Any]]:
     out = []
     for r in attr.rows:
         if r["share"] < MIN_LEVER_SHARE:
@@ -180,7 +203,12 @@ def _levers(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution
             continue
         pred, model = C.lever_prediction(con, view, attr, ev, lever, r["stage"])
         out.append(
-            {"lever": lever, "stage": r["stage"], "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
+            {
+                "lever": lever,
+                "stage": r["stage"],
+                "predicted_p99_ms": pred,
+                "rationale": f"{why} Predicted: {model}.",
+            }
         )
     return out
 
@@ -200,7 +228,12 @@ def frames(dataset: Any) -> dict[str, Any]:
     column, ms; call after :func:`analyze`), ``requests``, ``stages`` and ``metric_samples`` (as loaded)."""
     con = connection(dataset)
     out: dict[str, Any] = {}
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()").fetchall()}
+    tables = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()"
+        ).fetchall()
+    }
     for name in ("requests", "stages", "metric_samples", A.BREAKDOWN):
         if name in tables:
             out[name] = con.sql(f"SELECT * FROM {name}").pl()
@@ -209,7 +242,9 @@ def frames(dataset: Any) -> dict[str, Any]:
             cols = A.stage_columns(con)
         except duckdb.Error:
             cols = {}
-        out[A.BREAKDOWN] = out[A.BREAKDOWN].rename({c: s for s, c in cols.items() if c in out[A.BREAKDOWN].columns})
+        out[A.BREAKDOWN] = out[A.BREAKDOWN].rename(
+            {c: s for s, c in cols.items() if c in out[A.BREAKDOWN].columns}
+        )
     if not out:
         raise UserError("no analysis tables in this connection")
     return out

@@ -79,7 +79,9 @@ def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
 
-def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None = None) -> dict[str, str]:
+def build_breakdown(
+    con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None = None
+) -> dict[str, str]:
     """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
 
     ``subset`` (a condition on ``value_ms`` and ``trace_id``) limits the requests broken down; the
@@ -121,7 +123,10 @@ def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str |
                bool_or(u IS NULL) OR sum(u) > max(span) AS overlap
         FROM per GROUP BY tk"""
     )
-    sums = ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"
+    sums = (
+        ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items())
+        or "NULL AS c_none"
+    )
     # Critical path for the others: elementary segments go to the covering stage that ends last.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_sweep AS
@@ -151,7 +156,9 @@ def build_breakdown(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str |
     return cols
 
 
-def _conditions(threshold_ms: float, breached: bool, q_ms: float | None, p50_ms: float | None) -> tuple[str, str]:
+def _conditions(
+    threshold_ms: float, breached: bool, q_ms: float | None, p50_ms: float | None
+) -> tuple[str, str]:
     if breached:
         tail = f"value_ms > {threshold_ms!r}"
     else:
@@ -161,7 +168,9 @@ def _conditions(threshold_ms: float, breached: bool, q_ms: float | None, p50_ms:
     return tail, base
 
 
-def _rows(excess: dict[str, float | None], means: dict[str, tuple[float | None, float | None]]) -> list[dict[str, Any]]:
+def _rows(
+    excess: dict[str, float | None], means: dict[str, tuple[float | None, float | None]]
+) -> list[dict[str, Any]]:
     pos = sum(max(v or 0.0, 0.0) for v in excess.values())
     rows: list[dict[str, Any]] = []
     for stage, ex in excess.items():
@@ -223,7 +232,18 @@ def attribute(
         means[stage] = (t, b)
         excess[stage] = None if t is None or b is None else t - b
     return Attribution(
-        _rows(excess, means), int(tn), int(bn), tail, base, cols, tm, bm, subset is None, lower, view.count, view
+        _rows(excess, means),
+        int(tn),
+        int(bn),
+        tail,
+        base,
+        cols,
+        tm,
+        bm,
+        subset is None,
+        lower,
+        view.count,
+        view,
     )
 
 
@@ -248,7 +268,9 @@ def _subset(
         f"SELECT quantile_cont(value_ms, {q_low}), count(*) FILTER (WHERE {base}) FROM {view.name}"
     ).fetchone()
     assert row is not None
-    lower = min(view.slo.threshold_ms, float(q_ms if q_ms is not None else view.slo.threshold_ms), float(row[0]))
+    lower = min(
+        view.slo.threshold_ms, float(q_ms if q_ms is not None else view.slo.threshold_ms), float(row[0])
+    )
     rate = min(1.0, BASELINE_SAMPLE / max(int(row[1]), 1))
     return f"value_ms > {lower!r} OR (({base}) AND {rank_sql()} < {rate!r})", lower
 

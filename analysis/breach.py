@@ -126,9 +126,7 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
 def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float | None]:
     """p50, p95, p99 and the SLO's own quantile (key ``"q"``) of the samples, in milliseconds."""
     q = view.slo.quantile
-    row = con.execute(
-        f"SELECT quantile_cont(value_ms, [0.5, 0.95, 0.99, {q}]) FROM {view.name}"
-    ).fetchone()
+    row = con.execute(f"SELECT quantile_cont(value_ms, [0.5, 0.95, 0.99, {q}]) FROM {view.name}").fetchone()
     vals = row[0] if row and row[0] is not None else [None] * 4
     return {"p50": vals[0], "p95": vals[1], "p99": vals[2], "q": vals[3]}
 
@@ -143,7 +141,9 @@ def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
     return None
 
 
-def windows(con: duckdb.DuckDBPyConnection, view: SLIView, window: str = DEFAULT_WINDOW) -> list[dict[str, Any]]:
+def windows(
+    con: duckdb.DuckDBPyConnection, view: SLIView, window: str = DEFAULT_WINDOW
+) -> list[dict[str, Any]]:
     """Per time window (by request start): sample count, p50, the SLO quantile, share of samples over
     the threshold, whether the window breaches, mean queue depth seen by its requests and mean
     accelerator utilization (percent, from ``metric_samples`` when present)."""
@@ -220,7 +220,9 @@ def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[
         if row and row[0]:
             kept.append(slo)
         else:
-            notes.append(f"SLO {slo.name!r} ({slo.spec}, route {slo.route or 'any'}) has no samples in the data")
+            notes.append(
+                f"SLO {slo.name!r} ({slo.spec}, route {slo.route or 'any'}) has no samples in the data"
+            )
     if not kept:
         raise UserError("no SLO in the SLO file matches the data: " + "; ".join(notes))
     return kept, notes

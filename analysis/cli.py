@@ -31,14 +31,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories")
     p.add_argument("--metrics", nargs="+", default=[], metavar="PATH", help="Prometheus exposition snapshots")
-    p.add_argument("--prometheus", metavar="URL", help="a live Prometheus to range-query over the incident window")
+    p.add_argument(
+        "--prometheus", metavar="URL", help="a live Prometheus to range-query over the incident window"
+    )
     p.add_argument("--results", nargs="+", default=[], metavar="PATH", help="load-generator results.parquet")
     p.add_argument(
         "--slo", required=True, metavar="SPEC",
         help="'p99<300ms', 'ttft:p95<500ms', 'itl:p99<60ms' or an SLO YAML file",
     )  # fmt: skip
     p.add_argument("--window", default="1m", help="breach-detection window (default 1m)")
-    p.add_argument("--skip-bad", action="store_true", help="warn about bad files or lines and analyse the rest")
+    p.add_argument(
+        "--skip-bad", action="store_true", help="warn about bad files or lines and analyse the rest"
+    )
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default text)")
     p.add_argument("--out", metavar="FILE", help="write the report here instead of stdout")
     p.set_defaults(func=run)

@@ -151,12 +151,12 @@ def _rho(ev: dict[str, Any]) -> float:
 
 def _with_requests(cols: str) -> str:
     """``ss_breakdown`` joined with per-request attributes ``cols`` (one row per trace)."""
-    return (
-        f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, {cols} FROM requests GROUP BY trace_id) USING (trace_id)"
-    )
+    return f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, {cols} FROM requests GROUP BY trace_id) USING (trace_id)"
 
 
-def executor_model(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> dict[str, float] | None:
+def executor_model(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
+) -> dict[str, float] | None:
     """The executor as a queue: current executors (most batches computing at once), service time per
     request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
     comp = attr.columns.get(N.STAGE_COMPUTE)
@@ -184,7 +184,9 @@ def executor_model(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribut
     }
 
 
-def _scale_out(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
+def _scale_out(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+) -> tuple[float | None, str] | None:
     m = executor_model(con, view, attr)
     if m is None or m["lam_per_s"] <= 0:
         return None
@@ -201,7 +203,9 @@ def _scale_out(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution,
     )
 
 
-def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
+def _offload(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+) -> tuple[float | None, str] | None:
     row = con.execute(f"SELECT quantile_cont({col}, 0.05) FROM {BREAKDOWN}").fetchone()
     arr = Q.arrivals(con, view.name)
     if row is None or row[0] is None or arr.rate_per_s <= 0:
@@ -211,14 +215,18 @@ def _offload(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, c
     k = Q.servers_for(a, view.slo.error_budget, start=2)
     model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
     wait = model.wait_ms_sql(Q.uniform_rank_sql())
-    pred = _q(con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile, attr)
+    pred = _q(
+        con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile, attr
+    )
     return pred, (
         f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {k} workers, "
         f"the smallest with under {view.slo.error_budget:.1%} of requests waiting at {arr.rate_per_s:.1f} req/s"
     )
 
 
-def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str) -> tuple[float | None, str]:
+def _cap_batch_wait(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str
+) -> tuple[float | None, str]:
     cap = batch_wait_cap_ms(ev)
     comp = attr.columns.get(N.STAGE_COMPUTE)
     arr = Q.arrivals(con, view.name)
@@ -232,7 +240,9 @@ def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribu
     shrink = "0"
     note = ""
     if slope is not None and comp is not None:
-        shrink = f"least(coalesce({comp}, 0), {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
+        shrink = (
+            f"least(coalesce({comp}, 0), {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
+        )
         note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
     pred = _q(
         con,
@@ -244,7 +254,9 @@ def _cap_batch_wait(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribu
     return pred, f"batch wait capped at {cap:g} ms{note}"
 
 
-def _prewarm(con: duckdb.DuckDBPyConnection, attr: Attribution, col: str, q: float) -> tuple[float | None, str]:
+def _prewarm(
+    con: duckdb.DuckDBPyConnection, attr: Attribution, col: str, q: float
+) -> tuple[float | None, str]:
     """Prewarm: the requests that waited for a model load (and ran in the oversized batches of the
     backlog behind it) are served like the requests that did not, so the quantile after the lever is
     the quantile of the unaffected requests."""
@@ -259,7 +271,12 @@ def _prewarm(con: duckdb.DuckDBPyConnection, attr: Attribution, col: str, q: flo
 
 
 def lever_prediction(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], lever: str, stage: str
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    attr: Attribution,
+    ev: dict[str, Any],
+    lever: str,
+    stage: str,
 ) -> tuple[float | None, str]:
     """Predicted SLO quantile (ms) after ``lever`` and a one-line statement of the model used."""
     q = view.slo.quantile
@@ -300,9 +317,12 @@ def lever_prediction(
             f"compute x{f:g}; queue x{qf:.2f} (M/M/1 at utilization {rho:.0%} -> {rho2:.0%})",
         )
     if lever == N.LEVER_CACHE_RESULTS:
-        saved = " + ".join(
-            c for c in (_col(attr, s) for s in (N.STAGE_BATCH_WAIT, N.STAGE_QUEUE, N.STAGE_COMPUTE)) if c
-        ) or "0"
+        saved = (
+            " + ".join(
+                c for c in (_col(attr, s) for s in (N.STAGE_BATCH_WAIT, N.STAGE_QUEUE, N.STAGE_COMPUTE)) if c
+            )
+            or "0"
+        )
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE ss_hits AS SELECT trace_id FROM (
                 SELECT trace_id, row_number() OVER (PARTITION BY input_hash ORDER BY start_unix_ns) AS k
@@ -320,18 +340,24 @@ def lever_prediction(
         )
     if col is not None:
         cap = _base_q(ev, stage)
-        return _q(con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr), f"{stage} capped at its baseline"
+        return _q(
+            con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr
+        ), f"{stage} capped at its baseline"
     return None, "no model for this stage"
 
 
-def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str) -> tuple[float | None, str]:
+def _gap_prediction(
+    con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
+) -> tuple[float | None, str]:
     q = view.slo.quantile
     src = (
         f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
         "USING (trace_id)"
     )
     if lever == N.LEVER_SPECULATIVE_DECODING:
-        return _q(con, view.name, "value_ms * 0.5", q), "decode gaps halved (speculative decoding, typical 2x)"
+        return _q(
+            con, view.name, "value_ms * 0.5", q
+        ), "decode gaps halved (speculative decoding, typical 2x)"
     row = con.execute(
         f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
     ).fetchone()
@@ -356,10 +382,14 @@ def _gap_prediction(con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str,
     base = _q(con, view.name, "value_ms", 0.5)
     if base is None:
         return None, "no gaps"
-    return _q(con, view.name, f"least(value_ms, {base * 1.5!r})", q), "slow gaps capped at 1.5x the median gap"
+    return _q(
+        con, view.name, f"least(value_ms, {base * 1.5!r})", q
+    ), "slow gaps capped at 1.5x the median gap"
 
 
-def _chunked_prefill(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str) -> tuple[float | None, str] | None:
+def _chunked_prefill(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+) -> tuple[float | None, str] | None:
     """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
     behind a long prefill for more than the step in progress plus its own step, each of which now
     carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of

@@ -63,7 +63,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     if view.per_request:  # the breakdown holds tail and baseline (or their sample) already
         flags = f"SELECT trace_id, ({tail}) AS is_tail, ({base}) AS is_base FROM {BREAKDOWN}"
     else:
-        flags = f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
+        flags = (
+            f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
+        )
     row = con.execute(
         f"""WITH r AS (SELECT q.trace_id, q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
                        FROM requests q JOIN ({flags}) f USING (trace_id)
@@ -89,7 +91,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     for k, v in zip(keys, row, strict=True):
         ev[k] = _f(v)
     for metric in UTIL_METRICS:
-        msql = f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+        msql = (
+            f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+        )
         mean = _one(con, f"SELECT avg(value) FROM metric_samples WHERE metric = {sql_str(metric)}")
         if mean is not None:
             ev["utilization_pct"] = _f(mean)
@@ -107,7 +111,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     return ev
 
 
-def _stage_quantiles(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> dict[str, dict[str, Any]]:
+def _stage_quantiles(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
+) -> dict[str, dict[str, Any]]:
     if not view.per_request or not attr.columns:
         return {}
     q = view.slo.quantile

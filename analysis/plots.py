@@ -51,7 +51,9 @@ def breakdown_png(report: dict[str, Any]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.4))
     y = range(len(rows))
     ax.barh([i + 0.2 for i in y], [r["tail_mean_ms"] for r in rows], 0.4, color=TAIL, label="tail (slow)")
-    ax.barh([i - 0.2 for i in y], [r["baseline_mean_ms"] or 0 for r in rows], 0.4, color=BASE, label="baseline")
+    ax.barh(
+        [i - 0.2 for i in y], [r["baseline_mean_ms"] or 0 for r in rows], 0.4, color=BASE, label="baseline"
+    )
     ax.set_yticks(list(y), [f"{r['stage']} ({r['share']:.0%})" for r in rows])
     ax.set_xlabel("mean time per request (ms)")
     ax.set_title(f"Stage breakdown of the {_what(report)}: tail vs baseline")
@@ -71,7 +73,9 @@ def cdf_png(report: dict[str, Any]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     ax.plot(xs, ps, color=BASE, lw=2, label=_what(report))
     ax.axvline(thr, color=TAIL, ls="--", label=f"threshold {thr:g} ms")
-    ax.axhline(report["slo"]["objective"], color="#555555", ls=":", label=f"objective {report['slo']['objective']:g}")
+    ax.axhline(
+        report["slo"]["objective"], color="#555555", ls=":", label=f"objective {report['slo']['objective']:g}"
+    )
     ax.set_xscale("log")
     ax.set_xlabel(f"{_what(report)} (ms, log scale)")
     ax.set_ylabel("share of samples at or below")
@@ -102,7 +106,9 @@ def timeline_png(report: dict[str, Any]) -> bytes | None:
     ut = [w.get("utilization_pct") for w in tl]
     drew = False
     if any(v is not None for v in qd):
-        ax2.plot(xs, [float("nan") if v is None else v for v in qd], color="#2ca02c", label="queue depth (mean)")
+        ax2.plot(
+            xs, [float("nan") if v is None else v for v in qd], color="#2ca02c", label="queue depth (mean)"
+        )
         drew = True
     ax2.set_ylabel("queue depth")
     if any(v is not None for v in ut):
@@ -113,7 +119,14 @@ def timeline_png(report: dict[str, Any]) -> bytes | None:
         ax3.legend(loc="upper left", fontsize=8)
         drew = True
     if not drew:
-        ax2.text(0.5, 0.5, "no queue depth or utilization in the data", ha="center", va="center", transform=ax2.transAxes)
+        ax2.text(
+            0.5,
+            0.5,
+            "no queue depth or utilization in the data",
+            ha="center",
+            va="center",
+            transform=ax2.transAxes,
+        )
     else:
         ax2.legend(loc="upper right", fontsize=8)
     ax2.set_xlabel("seconds since first window")

@@ -52,10 +52,14 @@ def to_text(report: dict[str, Any]) -> str:
     """A short terminal summary."""
     out = headline(report)
     lat = report["latency_ms"]
-    out.append(f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}")
+    out.append(
+        f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
+    )
     if report["attribution"]:
         out.append("")
-        out.append(f"{'stage':<16}{'excess ms':>11}{'share':>8}{'tail ms':>10}{'base ms':>10}{'if baseline':>13}")
+        out.append(
+            f"{'stage':<16}{'excess ms':>11}{'share':>8}{'tail ms':>10}{'base ms':>10}{'if baseline':>13}"
+        )
         for r in report["attribution"]:
             out.append(
                 f"{r['stage']:<16}{r['excess_ms']:>11.1f}{r['share']:>8.0%}"
@@ -64,7 +68,9 @@ def to_text(report: dict[str, Any]) -> str:
     if report["levers"]:
         out.append("")
         for lv in report["levers"]:
-            out.append(f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}")
+            out.append(
+                f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
+            )
             out.append(f"  {lv['rationale']}")
     bad = [w for w in report.get("windows", []) if w["breached"]]
     if report.get("windows"):
@@ -134,19 +140,28 @@ def to_html(report: dict[str, Any]) -> str:
         f"{report['requests']} requests, {report['samples']} samples</p>",
         "<h2>Where the tail's time went</h2>",
         _img(plots.breakdown_png(report), "stage breakdown, tail vs baseline", "plot-breakdown"),
-        _table(["stage", "excess ms", "share", "tail mean ms", "baseline mean ms", "p-quantile if baseline"], attr_rows),
+        _table(
+            ["stage", "excess ms", "share", "tail mean ms", "baseline mean ms", "p-quantile if baseline"],
+            attr_rows,
+        ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else "<p>No lever: the SLO is met.</p>",
+        _table(["lever", "stage", "predicted", "rationale"], lever_rows)
+        if lever_rows
+        else "<p>No lever: the SLO is met.</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
-        _img(plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"),
+        _img(
+            plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"
+        ),
         "<h2>Slowest traces</h2>",
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
     ]
     if report.get("warnings"):
-        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>")
+        parts.append(
+            "<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>"
+        )
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

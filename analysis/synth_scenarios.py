@@ -53,7 +53,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("saturated", PREDICT, "p99<300ms", N.STAGE_QUEUE, N.LEVER_SCALE_OUT),
         Scenario("long-batch-wait", PREDICT, "p99<300ms", N.STAGE_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT),
         Scenario("slow-compute", PREDICT, "p99<300ms", N.STAGE_COMPUTE, N.LEVER_QUANTIZE),
-        Scenario("cpu-bound-preprocess", PREDICT, "p99<300ms", N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING),
+        Scenario(
+            "cpu-bound-preprocess", PREDICT, "p99<300ms", N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING
+        ),
         Scenario("cold-start", PREDICT, "p99<300ms", N.STAGE_COLD_START, N.LEVER_PREWARM),
         Scenario("large-payload", PREDICT, "p99<300ms", N.STAGE_EGRESS, N.LEVER_SHRINK_RESPONSE),
         Scenario("repeated-inputs", PREDICT, "p99<300ms", N.STAGE_COMPUTE, N.LEVER_CACHE_RESULTS),
@@ -180,7 +182,9 @@ def _predict(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: flo
     return data
 
 
-def _util_metrics(data: SynthData, start_ns: np.ndarray, util: np.ndarray, qd: np.ndarray, t0: int, dur_s: float) -> None:
+def _util_metrics(
+    data: SynthData, start_ns: np.ndarray, util: np.ndarray, qd: np.ndarray, t0: int, dur_s: float
+) -> None:
     for sec in range(int(dur_s)):
         lo, hi = np.searchsorted(start_ns, [t0 + sec * 10**9, t0 + (sec + 1) * 10**9])
         ts = (t0 // 10**6) + sec * 1000
@@ -242,12 +246,16 @@ def _generate_llm(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s
         lo, hi = np.searchsorted(start_ns, [t0 + sec * 10**9, t0 + (sec + 1) * 10**9])
         if hi > lo:
             ts = t0 // 10**6 + sec * 1000
-            data.metrics.append((N.VLLM_NUM_RUNNING, {N.VLLM_LABEL_MODEL: "llama"}, float(running[lo:hi].mean()), ts))
+            data.metrics.append(
+                (N.VLLM_NUM_RUNNING, {N.VLLM_LABEL_MODEL: "llama"}, float(running[lo:hi].mean()), ts)
+            )
             data.metrics.append((N.DCGM_GPU_UTIL, {"gpu": "0", "modelName": "synthetic"}, 85.0, ts))
     return data
 
 
-def generate(name: str, n: int = 2000, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9) -> SynthData:
+def generate(
+    name: str, n: int = 2000, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9
+) -> SynthData:
     """Synthesize ``n`` requests of scenario ``name`` over ``duration_s`` seconds."""
     sc = SCENARIOS[name]
     rng = np.random.default_rng(seed)
@@ -275,21 +283,27 @@ def to_tables(con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = 
     r.setdefault("name", np.array([f"POST {x}" for x in r["route"]]))
     r["is_error"] = np.asarray(r["status_code"]) >= 500
     r["source"] = np.full(n, source)
-    sel = ", ".join(
-        f"CAST({c if c in r else 'NULL'} AS {typ}) AS {c}" for c, typ in _REQ_COLS.items()
-    )
-    req_tbl = pa.table({c: v for c, v in r.items()})  # noqa: F841 - read by DuckDB below
+    sel = ", ".join(f"CAST({c if c in r else 'NULL'} AS {typ}) AS {c}" for c, typ in _REQ_COLS.items())
+    con.register("req_tbl", pa.table({c: v for c, v in r.items()}))
     con.execute(f"CREATE OR REPLACE TABLE requests AS SELECT {sel} FROM req_tbl")
-    st_tbl = pa.table(data.stages)  # noqa: F841
+    con.register("st_tbl", pa.table(data.stages))
     con.execute(
         "CREATE OR REPLACE TABLE stages AS SELECT CAST(trace_id AS VARCHAR) trace_id, CAST(stage AS VARCHAR) stage, "
         "CAST(start_unix_ns AS BIGINT) start_unix_ns, CAST(end_unix_ns AS BIGINT) end_unix_ns, "
         "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms FROM st_tbl"
     )
     gaps = data.gaps or {"trace_id": np.array([], dtype=str), "gap_ms": np.array([], dtype=float)}
-    gap_tbl = pa.table({"trace_id": pa.array(gaps["trace_id"], pa.string()), "gap_ms": pa.array(gaps["gap_ms"], pa.float64())})  # noqa: F841
-    con.execute("CREATE OR REPLACE TABLE token_gaps AS SELECT trace_id, CAST(gap_ms AS DOUBLE) gap_ms FROM gap_tbl")
-    m_tbl = pa.table(  # noqa: F841
+    gap_tbl = pa.table(
+        {
+            "trace_id": pa.array(gaps["trace_id"], pa.string()),
+            "gap_ms": pa.array(gaps["gap_ms"], pa.float64()),
+        }
+    )
+    con.register("gap_tbl", gap_tbl)
+    con.execute(
+        "CREATE OR REPLACE TABLE token_gaps AS SELECT trace_id, CAST(gap_ms AS DOUBLE) gap_ms FROM gap_tbl"
+    )
+    m_tbl = pa.table(
         {
             "metric": pa.array([m[0] for m in data.metrics], pa.string()),
             "k": pa.array([list(m[1].keys()) for m in data.metrics], pa.list_(pa.string())),
@@ -298,11 +312,16 @@ def to_tables(con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = 
             "ts_ms": pa.array([m[3] for m in data.metrics], pa.int64()),
         }
     )
+    con.register("m_tbl", m_tbl)
     con.execute(
         "CREATE OR REPLACE TABLE metric_samples AS SELECT metric, CAST(map(k, v) AS MAP(VARCHAR, VARCHAR)) AS labels, "
         "value, ts_ms, 'synthetic' AS source FROM m_tbl"
     )
-    con.execute("CREATE OR REPLACE TABLE client_results AS SELECT * FROM (SELECT NULL::VARCHAR AS trace_id) WHERE false")
+    con.execute(
+        "CREATE OR REPLACE TABLE client_results AS SELECT * FROM (SELECT NULL::VARCHAR AS trace_id) WHERE false"
+    )
+    for name in ("req_tbl", "st_tbl", "gap_tbl", "m_tbl"):
+        con.unregister(name)
 
 
 def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope") -> int:

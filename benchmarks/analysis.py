@@ -87,7 +87,9 @@ def peak_mb():  # VmHWM: this process's own high-water RSS (ru_maxrss would incl
     return float("nan")
 """
 
-_VERDICT_CHILD = _PEAK + r"""
+_VERDICT_CHILD = (
+    _PEAK
+    + r"""
 import json, sys, time
 import duckdb
 out = sys.argv[1]
@@ -114,8 +116,11 @@ print(json.dumps({"plain_groupby_s": plain, "by_trace_groupby_s": by_trace, "ver
                   "p99_ms": rep["latency_ms"]["p99"], "predicted_p99_ms": rep["levers"][0]["predicted_p99_ms"],
                   "requests": rep["requests"], "max_rss_mb": peak_mb()}))
 """
+)
 
-_INGEST_CHILD = _PEAK + r"""
+_INGEST_CHILD = (
+    _PEAK
+    + r"""
 import json, sys, time
 from stagescope.analysis.ingest import load_dataset
 path, spans = sys.argv[1], int(sys.argv[2])
@@ -126,6 +131,7 @@ dt = time.perf_counter() - t
 print(json.dumps({"ingest_s": dt, "spans": spans, "requests": n, "spans_per_s": spans / dt,
                   "max_rss_mb": peak_mb()}))
 """
+)
 
 
 def build(out: Path, n: int) -> dict[str, Any]:

@@ -16,7 +16,9 @@ T0 = 1_764_460_800 * 10**9
 MS = 1_000_000
 
 
-def _con(reqs: list[dict], stages: list[tuple[str, str, float, float]], gaps=None) -> duckdb.DuckDBPyConnection:  # type: ignore[no-untyped-def]
+def _con(
+    reqs: list[dict], stages: list[tuple[str, str, float, float]], gaps=None
+) -> duckdb.DuckDBPyConnection:  # type: ignore[no-untyped-def]
     """``reqs``: trace_id, start_ms, duration_ms (+ optional columns); ``stages``: (trace, stage, a_ms, b_ms)."""
     cols = {k: np.array([r.get(k) for r in reqs]) for k in reqs[0]}
     cols["start_unix_ns"] = np.array([T0 + int(r["start_ms"] * MS) for r in reqs], dtype=np.int64)
@@ -43,7 +45,9 @@ def _breakdown(con: duckdb.DuckDBPyConnection, spec: str = "p99<300ms") -> dict[
     out = {}
     for row in rel.fetchall():
         d = dict(zip(rel.columns, row, strict=True))
-        out[d["trace_id"]] = {names.get(k, k): v for k, v in d.items() if k in names or k in ("unattributed", "network")}
+        out[d["trace_id"]] = {
+            names.get(k, k): v for k, v in d.items() if k in names or k in ("unattributed", "network")
+        }
     return out
 
 
@@ -115,7 +119,10 @@ def test_breach_detected_in_the_bad_minute_only_and_attributed() -> None:
 
 
 def test_unattributed_time_means_measure_first() -> None:
-    reqs = [{"trace_id": f"r{i}", "start_ms": i * 10.0, "duration_ms": 500.0 if i % 10 == 0 else 40.0} for i in range(300)]
+    reqs = [
+        {"trace_id": f"r{i}", "start_ms": i * 10.0, "duration_ms": 500.0 if i % 10 == 0 else 40.0}
+        for i in range(300)
+    ]
     stages = [(r["trace_id"], "compute", 0, 30) for r in reqs]
     rep = analyze(_con(reqs, stages), "p95<300ms")
     assert rep["attribution"][0]["stage"] == "unattributed"

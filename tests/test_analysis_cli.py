@@ -11,7 +11,17 @@ from stagescope.analysis import synth_scenarios as S
 from stagescope.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-PINNED = {"slo", "requests", "breached", "latency_ms", "attribution", "verdict", "levers", "windows", "warnings"}
+PINNED = {
+    "slo",
+    "requests",
+    "breached",
+    "latency_ms",
+    "attribution",
+    "verdict",
+    "levers",
+    "windows",
+    "warnings",
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +36,17 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_json_report_has_the_pinned_shape(incident, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     traces, metrics = incident
     out = tmp_path / "report.json"
-    argv = ["analyze", "--traces", str(traces), "--metrics", str(metrics), "--slo", "p99<300ms", "--window", "30s"]
+    argv = [
+        "analyze",
+        "--traces",
+        str(traces),
+        "--metrics",
+        str(metrics),
+        "--slo",
+        "p99<300ms",
+        "--window",
+        "30s",
+    ]
     assert main([*argv, "--format", "json", "--out", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert set(rep) >= PINNED

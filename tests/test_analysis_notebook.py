@@ -22,9 +22,13 @@ def test_incident_review_notebook_runs_on_a_small_dataset(tmp_path: Path) -> Non
     params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, "the notebook needs exactly one 'parameters' cell"
     params[0].source += f"\nTRACES = [{str(traces)!r}]\nSLO = 'p99<300ms'\n"
-    NotebookClient(nb, kernel_name="python3", timeout=240, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, kernel_name="python3", timeout=240, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = "".join(
-        o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for c in nb.cells for o in c.get("outputs", [])
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        for o in c.get("outputs", [])
     )
     assert "BREACHED" in outputs and "cap-batch-wait" in outputs
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]

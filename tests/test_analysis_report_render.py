@@ -46,7 +46,9 @@ def test_html_is_self_contained_with_every_plot(report) -> None:  # type: ignore
     assert '"verdict"' in to_json(report) and "lever: scale-out" in to_text(report)
 
 
-@pytest.mark.skipif(not shutil.which("chromium") and not __import__("os").path.exists(CHROMIUM), reason="no chromium")
+@pytest.mark.skipif(
+    not shutil.which("chromium") and not __import__("os").path.exists(CHROMIUM), reason="no chromium"
+)
 def test_report_renders_in_headless_chromium(report, tmp_path) -> None:  # type: ignore[no-untyped-def]
     html_file = tmp_path / "report.html"
     html_file.write_text(to_html(report), encoding="utf-8")

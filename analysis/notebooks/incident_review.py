@@ -71,8 +71,10 @@ attribution = pl.DataFrame(report["attribution"])
 attribution
 
 # %%
-levers = pl.DataFrame(report["levers"], schema={"lever": pl.String, "stage": pl.String,
-                                               "predicted_p99_ms": pl.Float64, "rationale": pl.String})
+levers = pl.DataFrame(
+    report["levers"],
+    schema={"lever": pl.String, "stage": pl.String, "predicted_p99_ms": pl.Float64, "rationale": pl.String},
+)
 levers
 
 # %%
