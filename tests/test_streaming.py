@@ -145,3 +145,41 @@ def test_outside_a_request_chunks_pass_through_and_early_close_closes_the_source
     assert asyncio.run(main(rec)) == ["0", "1", "2"]
     assert closed == [True, True]
     assert len(rec.token_ns) == 3 and rec.output_tokens == 3
+
+
+def test_through_an_instrumented_fastapi_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same accuracy end to end: real FastAPI StreamingResponse under instrument_app's middleware."""
+    import httpx
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    import stagescope
+
+    for key in ("STAGESCOPE_SPANS_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "STAGESCOPE_MODELS"):
+        monkeypatch.delenv(key, raising=False)
+    emitted: list[int] = []
+    records: list[RequestRecord] = []
+    app = FastAPI()
+
+    @app.get("/v1/generate")
+    async def generate() -> StreamingResponse:
+        rec = stagescope.current_request()
+        assert rec is not None
+        rec.model = "llm"
+        return StreamingResponse(instrument_stream(_tokens(emitted)), media_type="text/plain")
+
+    reg = CollectorRegistry()
+    stagescope.instrument_app(app, service_name="t", models=["llm"], registry=reg, record_hook=records.append)
+
+    async def main() -> str:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return (await c.get("/v1/generate")).text
+
+    assert asyncio.run(main()).startswith("tok0 tok1 ")
+    (rec,) = records
+    assert rec.ttft_s == pytest.approx((emitted[0] - rec.start_ns) / 1e9, abs=TOLERANCE_S)
+    true_gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(emitted)]
+    assert rec.token_gaps_s() == pytest.approx(true_gaps, abs=TOLERANCE_S)
+    assert rec.end_ns is not None and rec.end_ns >= rec.token_ns[-1]  # the request covers the whole stream
+    assert reg.get_sample_value(f"{names.METRIC_INTER_TOKEN}_count", {"model": "llm"}) == len(true_gaps)
