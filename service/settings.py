@@ -63,9 +63,9 @@ class Settings:
     max_batch_size: int = 16
     max_batch_wait_ms: float = 5.0
     max_queue: int = 512  # waiting items before 429
-    executors: int = 1  # model instances running batches concurrently
-    devices: int = 1  # simulated devices the instances share
-    launch_ms: float = 6.0  # fixed cost of one batch
+    executors: int = 4  # model instances running batches concurrently
+    devices: int = 4  # simulated devices the instances share
+    launch_ms: float = 30.0  # fixed cost of one batch (a ~30 ms forward pass)
     per_item_ms: float = 1.0  # cost of one work unit
     items_per_request: int = 1  # work units of a normal input
     heavy_share: float = 0.0  # share of inputs (by hash) needing heavy_items work units
