@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stagescope.analysis.synth import SynthSpan, request_spans, write_otlp_lines
+from stagescope.names import ATTR_BATCH_SIZE, ATTR_INPUT_HASH, ATTR_MODEL, ATTR_QUEUE_DEPTH
 
 _CHILD = r"""
 import json, resource, sys, time
@@ -49,8 +50,8 @@ def synthetic_spans(n: int, seed: int = 1) -> Iterator[SynthSpan]:
         ]  # fmt: skip
         yield from request_spans(
             f"{rng.getrandbits(128):032x}", t0 + i * 1_000_000, stages,
-            attributes={"stagescope.model": "m", "stagescope.batch_size": 4, "stagescope.queue_depth": 3,
-                        "stagescope.input_hash": f"{rng.getrandbits(64):016x}"},
+            attributes={ATTR_MODEL: "m", ATTR_BATCH_SIZE: 4, ATTR_QUEUE_DEPTH: 3,
+                        ATTR_INPUT_HASH: f"{rng.getrandbits(64):016x}"},
             client_ms=45.0 + queue,
         )  # fmt: skip
 

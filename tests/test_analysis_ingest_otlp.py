@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stagescope import names
 from stagescope.analysis.ingest import ingest_to_parquet, load_dataset
 from stagescope.analysis.synth import KIND_SERVER, SynthSpan, request_spans, write_otlp_lines
 
@@ -123,12 +124,19 @@ def test_every_external_otlp_file_loads() -> None:
 def test_ingest_to_parquet_round_trip(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     _write_requests(f, 12, client=True)
-    out = ingest_to_parquet([f], tmp_path / "pq")
+    prom = tmp_path / "m.prom"
+    prom.write_text(f'{names.METRIC_QUEUE_DEPTH}{{model="m"}} 3 1764000000000\n')
+    out = ingest_to_parquet([f], tmp_path / "pq", metrics=[prom])
     shutil.rmtree(tmp_path / "pq" / ".work", ignore_errors=True)
     ds = load_dataset(traces=[out])
     assert _rows(ds, "SELECT count(*) FROM requests") == [(12,)]
     assert _rows(ds, "SELECT count(*) FROM stages WHERE stage = 'network'") == [(12,)]
     assert ds.files and ds.files[0].path == str(f)
+    assert _rows(ds, "SELECT metric, value, ts_ms FROM metric_samples") == [
+        (names.METRIC_QUEUE_DEPTH, 3.0, 1764000000000)]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [
+        "metric_samples.parquet", "requests.parquet", "spans.parquet", "stages.parquet",
+        "stagescope-ingest.json", "token_gaps.parquet"]  # fmt: skip
     ds.close()
 
 

@@ -199,6 +199,10 @@ def _fill(
     from stagescope.analysis.ingest.results import load_results
 
     load_results(ds, results, skip_bad=skip_bad)
+    for d in pre:  # small relations saved beside the traces are copied in
+        for rel in ("metric_samples", "client_results"):
+            if (d / f"{rel}.parquet").is_file():
+                con.execute(f"INSERT INTO {rel} SELECT * FROM read_parquet('{d / (rel + '.parquet')}')")
 
 
 def _read_manifest(ds: Dataset, d: Path) -> None:
@@ -230,15 +234,31 @@ def _attach_parquet(ds: Dataset, d: Path) -> None:
 
 
 def ingest_to_parquet(
-    paths: Sequence[str | Path], out_dir: str | Path, *, skip_bad: bool = False, memory_limit: str = "1GB"
+    paths: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    metrics: Sequence[str | Path] = (),
+    results: Sequence[str | Path] = (),
+    skip_bad: bool = False,
+    memory_limit: str = "1GB",
 ) -> Path:
-    """Ingest trace files once into ``out_dir`` (``requests``/``stages``/``token_gaps``/``spans`` Parquet
-    plus a manifest); ``load_dataset(traces=[out_dir])`` then reads them without parsing JSON."""
+    """Ingest trace files (and metric snapshots, load-generator results) once into ``out_dir``: one
+    Parquet file per relation plus a manifest (files read, warnings). ``load_dataset(traces=[out_dir])``
+    then reads them back without parsing JSON (the large relations as views over the Parquet)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ds = load_dataset(traces=paths, skip_bad=skip_bad, workdir=out / ".work", memory_limit=memory_limit)
+    ds = load_dataset(
+        traces=paths, metrics=metrics, results=results, skip_bad=skip_bad, workdir=out / ".work",
+        memory_limit=memory_limit,
+    )  # fmt: skip
     try:
-        for rel in ("spans", "requests", "stages", "token_gaps"):
+        rels = ["spans", "requests", "stages", "token_gaps"]
+        rels += [
+            r
+            for r in ("metric_samples", "client_results")
+            if ds.con.execute(f"SELECT count(*) FROM {r}").fetchall()[0][0]
+        ]
+        for rel in rels:
             ds.con.execute(f"COPY (SELECT * FROM {rel}) TO '{out / (rel + '.parquet')}' (FORMAT parquet)")
         manifest = {"warnings": ds.warnings, "files": [asdict(f) for f in ds.files]}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
