@@ -14,8 +14,9 @@ Model (stated, with its limits):
   - ``cache-features``, ``shrink-response``: the stage's tail is capped at its baseline quantile
     (a feature cache or a smaller payload make the slow cases behave like the normal ones);
   - ``scale-out``: executors doubled; each request's queue time is replaced by the wait of a G/G/2c
-    queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate and
-    variability and the executor time per request (busy time of distinct compute spans / requests);
+    queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate, the
+    arrivals' variability at the scale of one service time (index of dispersion of counts) and the
+    executor time per request (busy time of distinct compute spans / requests);
   - ``offload-preprocessing``: the stage's p5 is its CPU cost; a pool of the smallest size with
     fewer than ``1 - objective`` of requests waiting (Erlang C) replaces the waiting inside the stage
     (assumes the pool's threads find free CPU cores);
@@ -174,7 +175,7 @@ def executor_model(
     if row is None or not row[0] or not row[4]:
         return None
     busy_ms, mean_b, var_b, conc, served = row
-    arr = Q.arrivals(con, view.name)
+    arr = Q.arrivals(con, view.name, scale_ms=float(busy_ms) / float(served))
     return {
         "executors": float(max(1, int(conc or 1))),
         "service_ms": float(busy_ms) / float(served),
@@ -207,10 +208,12 @@ def _offload(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
 ) -> tuple[float | None, str] | None:
     row = con.execute(f"SELECT quantile_cont({col}, 0.05) FROM {BREAKDOWN}").fetchone()
-    arr = Q.arrivals(con, view.name)
-    if row is None or row[0] is None or arr.rate_per_s <= 0:
+    if row is None or row[0] is None:
         return None
     service_ms = max(float(row[0]), 1e-3)
+    arr = Q.arrivals(con, view.name, scale_ms=service_ms)
+    if arr.rate_per_s <= 0:
+        return None
     a = arr.rate_per_s * service_ms / 1000.0
     k = Q.servers_for(a, view.slo.error_budget, start=2)
     model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)

@@ -92,8 +92,13 @@ class Arrivals:
     count: int
 
 
-def arrivals(con: duckdb.DuckDBPyConnection, view: str) -> Arrivals:
-    """Arrival statistics of the requests in ``view`` (columns ``trace_id``, ``start_unix_ns``)."""
+def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None = None) -> Arrivals:
+    """Arrival statistics of the requests in ``view`` (columns ``trace_id``, ``start_unix_ns``).
+
+    ``ca2`` is the squared coefficient of variation of the inter-arrival gaps; with ``scale_ms`` it is
+    instead the index of dispersion of arrival counts in windows of that length (variance / mean of
+    the counts; 1 for Poisson arrivals): the arrivals' variability at the time scale of one service,
+    which is what a queue feels (gap CV2 over-weights near-simultaneous sends)."""
     row = con.execute(
         f"""WITH s AS (SELECT start_unix_ns - lag(start_unix_ns) OVER (ORDER BY start_unix_ns) AS gap
                        FROM (SELECT DISTINCT trace_id, start_unix_ns FROM {view}))
@@ -103,4 +108,16 @@ def arrivals(con: duckdb.DuckDBPyConnection, view: str) -> Arrivals:
         return Arrivals(0.0, 1.0, int(row[0]) if row else 0)
     n, mean, var = row
     ca2 = float(var) / float(mean) ** 2 if var is not None and mean else 1.0
-    return Arrivals(1e9 / float(mean), ca2 if math.isfinite(ca2) else 1.0, int(n))
+    if scale_ms is not None and scale_ms > 0:
+        w = max(1, int(scale_ms * 1e6))
+        idc = con.execute(
+            f"""WITH a AS (SELECT DISTINCT trace_id, start_unix_ns FROM {view}),
+                     b AS (SELECT (start_unix_ns - (SELECT min(start_unix_ns) FROM a)) // {w} AS k, count(*) AS c
+                           FROM a GROUP BY 1),
+                     f AS (SELECT coalesce(b.c, 0) AS c FROM range((SELECT max(k) + 1 FROM b)) r(k)
+                           LEFT JOIN b USING (k))
+                SELECT var_pop(c) / avg(c) FROM f"""
+        ).fetchone()
+        if idc is not None and idc[0] is not None:
+            ca2 = float(idc[0])
+    return Arrivals(1e9 / float(mean), min(4.0, max(0.25, ca2)) if math.isfinite(ca2) else 1.0, int(n))
