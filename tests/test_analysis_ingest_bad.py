@@ -209,3 +209,12 @@ def test_malformed_file_among_many_is_found_and_the_rest_read(tmp_path: Path) ->
     with load_dataset(traces=[tmp_path], skip_bad=True) as ds:
         assert ds.con.execute("SELECT count(*) FROM requests").fetchall() == [(7 * 2 + 3,)]
         assert {f.kind for f in ds.files} == {"sink"} and sum(f.spans for f in ds.files) == (7 * 2 + 3) * 3
+
+
+def test_bad_first_line_of_json_lines_keeps_the_others(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_bytes(_lines_with(G[:50], at=1))
+    with pytest.raises(UserError, match=rf"^{f}:1: malformed JSON"):
+        load_dataset(traces=[f])
+    with load_dataset(traces=[f], skip_bad=True) as ds:
+        assert ds.con.execute("SELECT count(*) FROM requests").fetchall() == [(3,)]

@@ -100,7 +100,12 @@ def sniff(path: Path) -> SniffedFile:
     if b"\x00" in head[:4096] or text[:1] not in (b"{", b"["):
         raise UserError(f"{path}:1: not JSON (starts with {head[:16]!r})")
     first_line = text.split(b"\n", 1)[0]
-    lines = text[:1] == b"{" and (b"\n" not in text or _is_json(first_line))
+    # one JSON value per line: the first line parses alone, or (a bad first line) the next line opens
+    # another object; a pretty-printed document starts with "{" alone and continues indented
+    second = text.split(b"\n", 2)[1].lstrip(b" \t\r") if text.count(b"\n") >= 1 else b""
+    lines = text[:1] == b"{" and (
+        b"\n" not in text or _is_json(first_line) or (first_line.strip() != b"{" and second[:1] == b"{")
+    )
     window = text[:8192]
     if b'"resourceSpans"' in window:
         kind = "sink" if _SINK_NAME.search(path.name) else "otlp"
