@@ -91,7 +91,7 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 .verdict{padding:12px 16px;border-radius:6px;margin:12px 0;font-size:15px}
 .breached{background:#fdecea;border-left:6px solid #d62728} .met{background:#e8f5e9;border-left:6px solid #2ca02c}
 table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:right}
-td:first-child,th:first-child{text-align:left} .plot{margin:10px 0} .plot img{max-width:100%;border:1px solid #eee}
+td:first-child,th:first-child,td.text{text-align:left} .plot{margin:10px 0} .plot img{max-width:100%;border:1px solid #eee}
 .small{color:#666;font-size:12px} .grid{display:flex;flex-wrap:wrap;gap:12px}
 """
 
@@ -105,7 +105,17 @@ def _img(png: bytes | None, alt: str, cls: str) -> str:
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='text'>{html.escape(str(c))}</td>"
+            if len(str(c)) > 40
+            else f"<td>{html.escape(str(c))}</td>"
+            for c in r
+        )
+        + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
