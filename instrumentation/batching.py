@@ -444,10 +444,11 @@ class DynamicBatcher(Generic[T, R]):
             results = await out if inspect.isawaitable(out) else out
             if len(results) != len(batch):
                 raise ValueError(f"run_batch returned {len(results)} results for {len(batch)} items")
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # stop(drain=False): the waiters learn why, the task ends
             self._finish(tickets, start)
             for e in batch:
-                e.future.cancel()
+                if not e.future.done():
+                    e.future.set_exception(RuntimeError("batcher stopped"))
             raise
         except Exception as exc:
             self._finish(tickets, start)

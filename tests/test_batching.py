@@ -390,3 +390,28 @@ def test_two_batchers_of_one_model_add_up_in_the_queue_depth_gauge() -> None:
         assert reg.get_sample_value(names.METRIC_QUEUE_DEPTH, {"model": "m"}) == 0
 
     asyncio.run(main())
+
+
+def test_stop_without_draining_fails_waiters_and_cancels_running_batches() -> None:
+    _, m = _metrics()
+    started = asyncio.Event()
+
+    async def run(items: list[int]) -> list[int]:
+        started.set()
+        await asyncio.sleep(60)
+        return items
+
+    async def main() -> None:
+        b = DynamicBatcher(run, max_batch_size=1, max_wait_ms=0, executors=1, metrics=m)
+        running = asyncio.create_task(_submit_in_request(b, 1))
+        await started.wait()
+        queued = [asyncio.create_task(b.submit(i)) for i in (2, 3)]
+        await asyncio.sleep(0.01)
+        assert b.running == 1 and b.queue_depth == 2
+        await asyncio.wait_for(b.stop(drain=False), 5)
+        for t in (running, *queued):
+            with pytest.raises(RuntimeError, match="batcher stopped"):
+                await t
+        assert b.running == 0 and b.queue_depth == 0
+
+    asyncio.run(main())
