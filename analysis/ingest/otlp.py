@@ -35,7 +35,7 @@ _ATTR_TYPE = (
 )
 _SPAN_TYPE = (
     '{"traceId":"VARCHAR","spanId":"VARCHAR","parentSpanId":"VARCHAR","name":"VARCHAR","kind":"VARCHAR",'
-    '"startTimeUnixNano":"VARCHAR","endTimeUnixNano":"VARCHAR","status":{"code":"VARCHAR"},'
+    '"startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
     f'"attributes":{_ATTR_TYPE}}}'
 )
 #: One export request, parsed once per line into nested structs (spans' fields as text, converted below).
@@ -62,10 +62,6 @@ def _hex_id(expr: str) -> str:
         f"CASE WHEN {expr} IS NULL THEN NULL WHEN {expr} LIKE '%=' "
         f"THEN TRY(lower(hex(from_base64({expr})))) ELSE lower({expr}) END"
     )
-
-
-def _int64(expr: str) -> str:
-    return f"coalesce(TRY_CAST({expr} AS BIGINT), TRY_CAST(TRY_CAST({expr} AS DOUBLE) AS BIGINT))"
 
 
 def _pivot(typ: str, p: str) -> str:
@@ -156,7 +152,7 @@ WITH o AS (
   SELECT file, {_hex_id("tid")} AS trace_id, {_hex_id("sid")} AS span_id,
     coalesce({_hex_id("pid")}, '') AS parent_span_id, name,
     {_enum("k", "SPAN_KIND_", _KINDS)} AS kind,
-    {_int64("st")} AS start_ns, {_int64("en")} AS end_ns, service,
+    st AS start_ns, en AS end_ns, service,
     {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status,
     {", ".join(pivots)}
   FROM w
