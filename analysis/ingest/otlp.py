@@ -3,7 +3,8 @@
 Input: files holding ``ExportTraceServiceRequest`` JSON, one per line (the collector's ``file``
 exporter, stagescope's embedded sink) or one (pretty-printed) document per file, optionally gzip.
 DuckDB splits the files into JSON objects and parses each object **once** with ``json_transform``
-into nested structs (span fields as text, attributes as a list of ``{key, value}`` structs); UNNEST
+into nested structs (ids, kind and status as text, times as BIGINT, attributes as a list of
+``{key, value}`` structs); UNNEST
 walks ``resourceSpans -> scopeSpans -> spans``, and the attribute keys of
 :data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are pivoted with ``list_position``. (Keep
 expressions out of SELECTs that UNNEST: DuckDB evaluates them per output row.) Lenient by design:
@@ -38,7 +39,7 @@ _SPAN_TYPE = (
     '"startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
     f'"attributes":{_ATTR_TYPE}}}'
 )
-#: One export request, parsed once per line into nested structs (spans' fields as text, converted below).
+#: One export request, parsed once per line into nested structs (ids/kind/status converted below).
 _LINE_TYPE = f'{{"resourceSpans":[{{"resource":{{"attributes":{_ATTR_TYPE}}},"scopeSpans":[{{"spans":[{_SPAN_TYPE}]}}]}}]}}'
 _KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
 _STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
