@@ -28,6 +28,7 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/metrics_publish.py
 	$(BIN)/python benchmarks/gpu_exporter.py
 	$(BIN)/python benchmarks/loadgen.py
 	$(BIN)/python benchmarks/analysis.py
