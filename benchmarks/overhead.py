@@ -263,7 +263,12 @@ async def _client(
     await asyncio.gather(*(conn(i) for i in range(connections)))
     c0, c1 = await window
     n = sum(counts)
-    return {"requests": n, "rps": n / duration_s, "cpu_us": (c1 - c0) / max(n, 1) * 1e6}
+    return {
+        "requests": n,
+        "rps": n / duration_s,
+        "cpu_us": (c1 - c0) / max(n, 1) * 1e6,
+        "cpu_share": (c1 - c0) / duration_s,
+    }
 
 
 def run_client(port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int) -> None:
@@ -399,15 +404,20 @@ def main() -> int:
                 extra = (f"  traces kept {res['traces']}; slower than 250 ms: {res['slow_requests']} requests, "
                          f"{res['slow_traces_complete']} full traces")  # fmt: skip
             print(
-                f"round {r + 1} {v:17s} {res['rps']:8.0f} req/s {res['cpu_us']:7.0f} us CPU/request{extra}",
+                f"round {r + 1} {v:17s} {res['rps']:8.0f} req/s {res['cpu_us']:7.0f} us CPU/request "
+                f"(server at {100 * res['cpu_share']:3.0f}% of a core){extra}",
                 flush=True,
             )
     med = {v: statistics.median(x["rps"] for x in rs) for v, rs in results.items()}
     cpu = {v: statistics.median(x["cpu_us"] for x in rs) for v, rs in results.items()}
-    print("\nmedians:               req/s   server CPU us/request")
+    share = {v: statistics.median(x["cpu_share"] for x in rs) for v, rs in results.items()}
+    print("\nmedians:               req/s   server CPU us/request   server CPU share")
     for v in variants:
-        print(f"  {v:17s} {med[v]:8.0f} {cpu[v]:10.0f}")
-    print("ratios (throughput; capacity = inverse server CPU per request, robust on a busy machine):")
+        print(f"  {v:17s} {med[v]:8.0f} {cpu[v]:10.0f} {100 * share[v]:17.0f}%")
+    print(
+        "ratios (throughput; capacity = inverse server CPU per request, the robust one when other\n"
+        "processes compete for the CPUs and the server gets well under 100% of a core):"
+    )
     for name, variant, base, goal in (
         ("trivial   stock", "stock", "bare", "REFERENCE 0.40-0.56"),
         ("trivial   stagescope", "stagescope", "bare", "goal >= 0.85"),
