@@ -49,7 +49,7 @@ def any_value(value: Any) -> dict[str, Any]:
     """One OTLP ``AnyValue``."""
     enc = _SCALARS.get(type(value))
     if enc is not None:
-        return enc(value)  # type: ignore[no-any-return]
+        return enc(value)
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
