@@ -211,3 +211,13 @@ def test_client_root_without_flag_and_generic_downstream_servers(tmp_path: Path)
         assert _rows(ds, "SELECT span_id, service, duration_ms, client_duration_ms, source FROM requests") == [
             ("a" * 16, "front", 40.0, 50.0, "generic")]  # fmt: skip
         assert _rows(ds, "SELECT stage, duration_ms FROM stages") == [("network", 10.0)]
+
+
+def test_export_request_longer_than_duckdbs_default_bound(tmp_path: Path) -> None:
+    """One line of ~17 MiB (a collector batch with big attributes) is read with a widened bound."""
+    f = tmp_path / "big-line.jsonl"
+    spans = request_spans(_tid(1), T0, [("compute", 0.0, 5.0)], attributes={"big": "x" * (17 * 2**20)})
+    write_otlp_lines(f, spans)
+    with load_dataset(traces=[f]) as ds:
+        assert _rows(ds, "SELECT count(*) FROM requests") == [(1,)]
+        assert _rows(ds, "SELECT stage FROM stages") == [("compute",)]
