@@ -214,9 +214,9 @@ def test_client_root_without_flag_and_generic_downstream_servers(tmp_path: Path)
 
 
 def test_export_request_longer_than_duckdbs_default_bound(tmp_path: Path) -> None:
-    """One line of ~17 MiB (a collector batch with big attributes) is read with a widened bound."""
+    """One line of ~33 MiB (beyond the 2 x 16 MiB DuckDB buffers by default) is read with a widened bound."""
     f = tmp_path / "big-line.jsonl"
-    spans = request_spans(_tid(1), T0, [("compute", 0.0, 5.0)], attributes={"big": "x" * (17 * 2**20)})
+    spans = request_spans(_tid(1), T0, [("compute", 0.0, 5.0)], attributes={"big": "x" * (33 * 2**20)})
     write_otlp_lines(f, spans)
     with load_dataset(traces=[f]) as ds:
         assert _rows(ds, "SELECT count(*) FROM requests") == [(1,)]
