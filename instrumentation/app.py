@@ -51,6 +51,7 @@ from stagescope.instrumentation.middleware import (
     StagescopeMiddleware,
 )
 from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.sink import JsonLinesSpanExporter
 from stagescope.instrumentation.tracing import SpanBuilder, SpanPipeline, deliver_to_provider
 from stagescope.names import ENV_INSTRUMENTATION_MODE, ENV_MODELS, ENV_SPANS_DIR
 
@@ -188,6 +189,7 @@ def instrument_app(
             pipeline = SpanPipeline(
                 builder, exporter.export, exporter_label="stagescope", metrics=metrics,
                 flush_downstream=lambda: exporter.force_flush(),
+                deliver_encoded=exporter.export_encoded if isinstance(exporter, JsonLinesSpanExporter) else None,
             )  # fmt: skip
         elif not owns_provider or exporter is not None:
             pipeline = SpanPipeline(

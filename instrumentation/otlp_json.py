@@ -10,7 +10,7 @@ reader handles both.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - orjson ships with the service extra
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-__all__ = ["any_value", "encode_attributes", "encode_spans", "span_to_otlp"]
+__all__ = ["EncodedSpans", "any_value", "encode_attributes", "encode_spans", "span_to_otlp"]
 
 _STATUS_CODE = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
@@ -124,30 +124,43 @@ def span_to_otlp(span: ReadableSpan) -> dict[str, Any]:
     return out
 
 
-def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
-    """One ``ExportTraceServiceRequest`` as compact JSON bytes (no trailing newline)."""
+class EncodedSpans(NamedTuple):
+    """Spans already in OTLP/JSON form (built straight from a record), with their resource and scope."""
+
+    resource: Any  # opentelemetry.sdk.resources.Resource
+    scope: Any  # InstrumentationScope | None
+    spans: list[dict[str, Any]]
+
+
+def encode_spans(spans: Sequence[ReadableSpan], encoded: Sequence[EncodedSpans] = ()) -> bytes:
+    """One ``ExportTraceServiceRequest`` as compact JSON bytes (no trailing newline): ``spans`` and
+    already-encoded ``encoded`` groups, grouped by resource and instrumentation scope."""
     by_resource: dict[int, tuple[Any, dict[Any, list[dict[str, Any]]]]] = {}
     scopes: dict[Any, Any] = {}
-    for span in spans:
-        res = span.resource
+
+    def group(res: Any, scope: Any) -> list[dict[str, Any]]:
         entry = by_resource.get(id(res))
         if entry is None:
             entry = by_resource[id(res)] = (res, {})
-        scope = span.instrumentation_scope
         key = (scope.name, scope.version) if scope is not None else None
         scopes[key] = scope
-        entry[1].setdefault(key, []).append(span_to_otlp(span))
+        return entry[1].setdefault(key, [])
+
+    for span in spans:
+        group(span.resource, span.instrumentation_scope).append(span_to_otlp(span))
+    for enc in encoded:
+        group(enc.resource, enc.scope).extend(enc.spans)
     resource_spans = []
     for res, by_scope in by_resource.values():
         scope_spans = []
-        for key, encoded in by_scope.items():
+        for key, encoded_spans in by_scope.items():
             scope = scopes[key]
             scope_obj: dict[str, Any] = {}
             if scope is not None:
                 scope_obj["name"] = scope.name
                 if scope.version:
                     scope_obj["version"] = scope.version
-            item: dict[str, Any] = {"scope": scope_obj, "spans": encoded}
+            item: dict[str, Any] = {"scope": scope_obj, "spans": encoded_spans}
             if scope is not None and scope.schema_url:
                 item["schemaUrl"] = scope.schema_url
             scope_spans.append(item)

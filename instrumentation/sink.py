@@ -30,7 +30,7 @@ from typing import IO, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from stagescope.instrumentation.otlp_json import encode_spans
+from stagescope.instrumentation.otlp_json import EncodedSpans, encode_spans
 
 __all__ = ["JsonLinesSpanExporter", "SpanCounter", "after_fork_in_child", "resolve_metrics"]
 
@@ -112,7 +112,7 @@ class JsonLinesSpanExporter(SpanExporter):
         self.max_queue_spans = max_queue_spans
         self.flush_interval_s = flush_interval_s
         self.counter = SpanCounter(exporter_label, metrics)
-        self._queue: deque[Sequence[ReadableSpan]] = deque()
+        self._queue: deque[Sequence[ReadableSpan] | EncodedSpans] = deque()
         self._queued = 0  # spans waiting
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -132,7 +132,13 @@ class JsonLinesSpanExporter(SpanExporter):
 
     # ------------------------------------------------------------------ request side (non-blocking)
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        n = len(spans)
+        return self._enqueue(spans, len(spans))
+
+    def export_encoded(self, group: EncodedSpans) -> SpanExportResult:
+        """Like :meth:`export` for spans already in OTLP/JSON form (stagescope's own fast path)."""
+        return self._enqueue(group, len(group.spans))
+
+    def _enqueue(self, item: Sequence[ReadableSpan] | EncodedSpans, n: int) -> SpanExportResult:
         if not n:
             return SpanExportResult.SUCCESS
         if self._stopped:
@@ -142,7 +148,7 @@ class JsonLinesSpanExporter(SpanExporter):
             self.counter.drop(n, "queue_full")
             return SpanExportResult.FAILURE
         with self._lock:
-            self._queue.append(spans)
+            self._queue.append(item)
             self._queued += n
             self._accepted += 1
         if self._queued >= SPANS_PER_LINE:
@@ -179,18 +185,25 @@ class JsonLinesSpanExporter(SpanExporter):
                 if not self._queue:
                     return
                 batch: list[ReadableSpan] = []
-                calls = 0
-                while self._queue and len(batch) < SPANS_PER_LINE:
-                    batch.extend(self._queue.popleft())
+                groups: list[EncodedSpans] = []
+                calls = n = 0
+                while self._queue and n < SPANS_PER_LINE:
+                    item = self._queue.popleft()
+                    if isinstance(item, EncodedSpans):
+                        groups.append(item)
+                        n += len(item.spans)
+                    else:
+                        batch.extend(item)
+                        n += len(item)
                     calls += 1
-                self._queued -= len(batch)
+                self._queued -= n
             try:
-                line = encode_spans(batch) + b"\n"
+                line = encode_spans(batch, groups) + b"\n"
                 self._write(line)
-                self.counter.ok(len(batch))
+                self.counter.ok(n)
             except Exception:
                 _log.warning("stagescope: writing spans to %s failed", self.directory, exc_info=True)
-                self.counter.drop(len(batch), "write_failed")
+                self.counter.drop(n, "write_failed")
             with self._cond:
                 self._written += calls
                 self._cond.notify_all()

@@ -33,6 +33,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from stagescope import __version__
+from stagescope.instrumentation.otlp_json import EncodedSpans, encode_attributes
 from stagescope.instrumentation.record import RequestRecord, to_wall_ns
 from stagescope.instrumentation.sink import after_fork_in_child
 from stagescope.names import (
@@ -292,7 +293,8 @@ class SpanBuilder:
             out.update(rec.attributes)
         return out
 
-    def server_span(self, rec: TracedRecord) -> ReadableSpan:
+    def _server_parts(self, rec: TracedRecord) -> tuple[str, dict[str, Any], bool]:
+        """Name, attributes and failed flag of the server span."""
         method = (rec.method or "").upper()
         method = method if method in _KNOWN_METHODS else "HTTP"
         route = rec.route if rec.route_matched else None
@@ -305,6 +307,10 @@ class SpanBuilder:
         if http_error is not None:  # new HTTP semconv: the status code wins, as in the stock instrumentor
             attrs[ATTR_ERROR_TYPE] = http_error
         failed = rec.error_type is not None or (rec.status_code or 0) >= 500
+        return name, attrs, failed
+
+    def server_span(self, rec: TracedRecord) -> ReadableSpan:
+        name, attrs, failed = self._server_parts(rec)
         status = Status(StatusCode.ERROR, rec.error_type) if failed else _STATUS_UNSET
         parent = None
         if rec.parent_span_id:
@@ -343,6 +349,47 @@ class SpanBuilder:
             )
         return out
 
+    def otlp_spans(self, rec: TracedRecord, *, server: bool = True) -> list[dict[str, Any]]:
+        """The same spans as :meth:`build`, straight to OTLP/JSON span objects (what the sink writes;
+        about 4x cheaper than building ReadableSpans and encoding them)."""
+        trace_hex = f"{rec.trace_id:032x}"
+        server_hex = f"{rec.span_id:016x}"
+        out: list[dict[str, Any]] = []
+        if server:
+            name, attrs, failed = self._server_parts(rec)
+            span: dict[str, Any] = {"traceId": trace_hex, "spanId": server_hex}
+            if rec.parent_span_id:
+                span["parentSpanId"] = f"{rec.parent_span_id:016x}"
+            span["flags"] = 0x301 if rec.parent_span_id else 0x101  # sampled | has-is-remote (| remote)
+            span["name"] = name
+            span["kind"] = 2  # SERVER
+            span["startTimeUnixNano"] = str(to_wall_ns(rec.start_ns))
+            end_ns = rec.end_ns if rec.end_ns is not None else rec.start_ns
+            span["endTimeUnixNano"] = str(to_wall_ns(end_ns))
+            if attrs:
+                span["attributes"] = encode_attributes(attrs)
+            if failed:
+                span["status"] = {"code": 2, "message": rec.error_type} if rec.error_type else {"code": 2}
+            else:
+                span["status"] = {}
+            out.append(span)
+        for iv in list(rec.stages):
+            out.append(
+                {
+                    "traceId": trace_hex,
+                    "spanId": f"{new_span_id():016x}",
+                    "parentSpanId": server_hex,
+                    "flags": 0x101,
+                    "name": iv.stage,
+                    "kind": 1,  # INTERNAL
+                    "startTimeUnixNano": str(to_wall_ns(iv.start_ns)),
+                    "endTimeUnixNano": str(to_wall_ns(iv.end_ns)),
+                    "attributes": [{"key": ATTR_STAGE, "value": {"stringValue": iv.stage}}],
+                    "status": {},
+                }
+            )
+        return out
+
     def build(self, rec: TracedRecord, *, server: bool = True) -> list[ReadableSpan]:
         """All spans of one request; ``server=False`` when another library owns the server span."""
         spans = self.stage_spans(rec)
@@ -369,6 +416,9 @@ def deliver_to_provider(provider: TracerProvider) -> Deliver:
 class SpanPipeline:
     """Bounded queue of kept records, drained by one background thread that builds and exports spans.
 
+    With ``deliver_encoded`` (the embedded sink) spans go out as OTLP/JSON objects built straight from
+    the record (:meth:`SpanBuilder.otlp_spans`), else as ReadableSpans to ``deliver``.
+
     ``submit`` (request path) is a ``deque.append`` and, once per ``batch_size`` records, a wake-up;
     when ``max_queue`` records wait, new ones are dropped and counted
     (``span_dropped(n, exporter_label, "queue_full")``, n = spans the record would have made).
@@ -387,9 +437,11 @@ class SpanPipeline:
         batch_size: int = 128,
         interval_s: float = 0.2,
         flush_downstream: Callable[[], object] | None = None,
+        deliver_encoded: Callable[[EncodedSpans], object] | None = None,
     ) -> None:
         self.builder = builder
         self.deliver = deliver
+        self.deliver_encoded = deliver_encoded
         self.exporter_label = exporter_label
         self.metrics = metrics
         self.count_exported = count_exported
@@ -452,17 +504,22 @@ class SpanPipeline:
             batch: list[TracedRecord] = []
             while q and len(batch) < self.batch_size:
                 batch.append(q.popleft())
-            spans: list[ReadableSpan] = []
+            spans: list[Any] = []
+            build: Callable[..., list[Any]] = (
+                self.builder.build if self.deliver_encoded is None else self.builder.otlp_spans
+            )
             for i, rec in enumerate(batch):
                 try:
-                    spans.extend(self.builder.build(rec, server=self.server_spans))
+                    spans.extend(build(rec, server=self.server_spans))
                 except Exception:
                     self._warn("building spans failed")
                     self._count_dropped(1 + len(rec.stages), "build_failed")
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     time.sleep(0)  # hand the GIL to the event loop if it waits (short, frequent holds)
             try:
-                if spans:
+                if spans and self.deliver_encoded is not None:
+                    self.deliver_encoded(EncodedSpans(self.builder.resource, self.builder.scope, spans))
+                elif spans:
                     self.deliver(spans)
                     if self.count_exported and self.metrics is not None:
                         self.metrics.span_exported(len(spans), self.exporter_label)

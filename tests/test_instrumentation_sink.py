@@ -183,3 +183,51 @@ def test_instrumented_app_writes_its_spans_to_the_sink(
     assert {s["parentSpanId"] for s in spans if s["kind"] == 1} <= server_ids
     assert registry.get_sample_value(names.METRIC_SPANS_EXPORTED, {"exporter": "jsonl"}) == 90
     handle.shutdown()
+
+
+def test_direct_otlp_encoding_matches_the_readable_span_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink's fast path (record -> OTLP/JSON) writes exactly what encoding ReadableSpans writes."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from stagescope.instrumentation.otlp_json import span_to_otlp
+
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    records: list[Any] = []
+    app = FastAPI()
+
+    @app.post("/items/{i}")
+    async def item(i: int) -> dict[str, int]:
+        rec = stagescope.current_request()
+        assert rec is not None
+        rec.model, rec.input_tokens, rec.output_tokens, rec.batch_size = "m", 3, 4, 2
+        rec.set_input(b"x")
+        with stagescope.stage("preprocess"):
+            pass
+        for _ in range(3):
+            rec.mark_token()
+        if i == 0:
+            raise RuntimeError("boom")
+        return {"i": i}
+
+    handle = stagescope.instrument_app(
+        app, service_name="enc", registry=CollectorRegistry(), tracer_provider=TracerProvider(),
+        baseline_sample=1.0, record_hook=records.append,
+    )  # fmt: skip
+
+    async def run() -> None:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            await client.post("/items/1?q=a b", headers={"traceparent": tp})
+            await client.post("/items/0")
+
+    asyncio.run(run())
+    builder = handle.state.builder
+    assert len(records) == 2
+    for rec in records:
+        direct = builder.otlp_spans(rec)
+        via_sdk = [span_to_otlp(s) for s in builder.build(rec)]
+        for a, b in zip(direct[1:], via_sdk[1:], strict=True):  # stage span ids are drawn per build
+            a.pop("spanId"), b.pop("spanId")
+        assert direct == via_sdk
+    handle.shutdown()
