@@ -30,6 +30,17 @@ from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, Workload
 SERVER_KIND = {2, "SPAN_KIND_SERVER"}
 
 
+def machine_cpu() -> tuple[float, float] | None:
+    """(idle, total) CPU seconds of the whole machine so far (Linux /proc/stat; None elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (ticks[3] + ticks[4]) / hz, sum(ticks[:8]) / hz
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -261,6 +272,7 @@ class Signature:
     slow: int
     stage_medians: dict[str, float] = field(default_factory=dict)
     server_cpu_cores: float | None = None  # CPU the server got while driven (cores), when known
+    machine_idle: float | None = None  # share of the machine's CPU time left idle while driven
 
     @property
     def dominant(self) -> str | None:
