@@ -141,6 +141,9 @@ def analyze(
         "windows": ev_res["windows"],
         "warnings": warns,
     }
+    counters = _server_counters(con)
+    if counters:
+        report["server_counters"] = counters
     if view.count == 0:
         warns.append(f"no samples for SLO {chosen.spec}: nothing to analyse")
         return report
@@ -172,6 +175,26 @@ def analyze(
     if others:
         report["other_slos"] = others
     return report
+
+
+def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Mean queue / compute (Triton) and queue / prefill / decode (vLLM) time per request from the
+    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters."""
+    try:
+        from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
+    except ImportError:  # pragma: no cover - the ingest part ships with the package
+        return {}
+    out: dict[str, Any] = {}
+    try:
+        triton = [r for r in triton_breakdown(con) if r.get("requests")]
+        vllm = [r for r in vllm_stage_means(con) if r.get("requests")]
+    except duckdb.Error:
+        return {}
+    if triton:
+        out["triton"] = triton
+    if vllm:
+        out["vllm"] = vllm
+    return out
 
 
 def _r(x: float | None) -> float | None:

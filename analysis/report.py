@@ -72,6 +72,7 @@ def to_text(report: dict[str, Any]) -> str:
                 f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
             )
             out.append(f"  {lv['rationale']}")
+    out += counter_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
     if report.get("windows"):
         out.append("")
@@ -79,6 +80,28 @@ def to_text(report: dict[str, Any]) -> str:
     for w in report.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
+
+
+def counter_lines(report: dict[str, Any]) -> list[str]:
+    """Per-request means from the servers' own counters (Triton, vLLM), when they were scraped."""
+    lines = []
+    for r in report.get("server_counters", {}).get("triton", []):
+        compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
+        lines.append(
+            f"Triton {r['model']} (v{r['version']}): {r['requests']:.0f} requests, per request queue "
+            f"{_ms(r.get('queue_ms'))}, compute {_ms(compute)}"
+        )
+    for r in report.get("server_counters", {}).get("vllm", []):
+        lines.append(
+            f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "
+            f"prefill {_ms(r.get('prefill_ms'))}, decode {_ms(r.get('decode_ms'))}"
+        )
+    return ["", *lines] if lines else []
+
+
+def _sum(r: dict[str, Any], *keys: str) -> float | None:
+    vals = [r.get(k) for k in keys]
+    return None if any(v is None for v in vals) else float(sum(v for v in vals if v is not None))
 
 
 def _num(x: Any) -> str:
@@ -168,6 +191,9 @@ def to_html(report: dict[str, Any]) -> str:
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
     ]
+    counters = [x for x in counter_lines(report) if x]
+    if counters:
+        parts.append("<h2>Server counters</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in counters) + "</ul>")
     if report.get("warnings"):
         parts.append(
             "<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>"

@@ -94,3 +94,16 @@ def test_bad_trace_file_names_file_and_line(tmp_path, capsys) -> None:  # type: 
     assert main(["analyze", "--traces", str(bad), "--slo", "p99<300ms"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.jsonl" in err and ":2" in err
+
+
+def test_server_counters_from_real_vllm_and_triton_scrapes(capsys) -> None:  # type: ignore[no-untyped-def]
+    trace = REPO / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    prom = REPO / "external" / "prometheus"
+    metrics = [prom / "vllm" / "datadog_vllm_metrics.txt", prom / "triton" / "datadog_triton_metrics.txt"]
+    argv = ["analyze", "--traces", str(trace), "--metrics", *map(str, metrics), "--slo", "p99<1ms"]
+    assert main([*argv, "--format", "json"]) == 0
+    counters = json.loads(capsys.readouterr().out)["server_counters"]
+    assert counters["vllm"][0]["prefill_ms"] > 0 and counters["triton"][0]["compute_infer_ms"] > 0
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "vLLM facebook/opt-125m" in out and "Triton densenet_onnx" in out
