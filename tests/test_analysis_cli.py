@@ -107,3 +107,15 @@ def test_server_counters_from_real_vllm_and_triton_scrapes(capsys) -> None:  # t
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "vLLM facebook/opt-125m" in out and "Triton densenet_onnx" in out
+
+
+def test_skip_bad_warns_and_analyses_the_good_files(incident, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "truncated.jsonl"
+    bad.write_text('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab"\n')
+    argv = ["analyze", "--traces", str(incident[0]), str(bad), "--slo", "p99<300ms", "--format", "json"]
+    assert main(argv) == 2
+    assert "truncated.jsonl" in capsys.readouterr().err
+    assert main([*argv, "--skip-bad"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["requests"] == 800 and rep["verdict"] == {"stage": "queue", "lever": "scale-out"}
+    assert any("truncated.jsonl" in w for w in rep["warnings"])
