@@ -50,9 +50,10 @@ from stagescope.instrumentation.middleware import (
     RouteResolver,
     StagescopeMiddleware,
 )
+from stagescope.instrumentation.pipeline import SpanPipeline, deliver_to_provider
 from stagescope.instrumentation.sampling import SamplingPolicy
 from stagescope.instrumentation.sink import JsonLinesSpanExporter
-from stagescope.instrumentation.tracing import SpanBuilder, SpanPipeline, deliver_to_provider
+from stagescope.instrumentation.tracing import SpanBuilder
 from stagescope.names import ENV_INSTRUMENTATION_MODE, ENV_MODELS, ENV_SPANS_DIR
 
 __all__ = ["MODES", "Instrumentation", "instrument_app", "uninstrument_app"]

@@ -26,15 +26,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import SamplingPolicy
-from stagescope.instrumentation.tracing import (
-    SpanBuilder,
-    SpanPipeline,
-    TracedRecord,
-    new_span_id,
-    new_trace_id,
-)
+from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import UNMATCHED_ROUTE
 
 __all__ = ["MiddlewareState", "RouteResolver", "StagescopeMiddleware", "parse_traceparent"]
