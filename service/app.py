@@ -109,16 +109,19 @@ class Service:
         heavy = hash_fraction(h, "heavy") < s.heavy_share
         large = hash_fraction(h, "large") < s.large_response_share
         dim = s.large_response_dim if large else s.response_dim
-        out = self.results.get(f"{h}:{dim}") if self.results is not None else None
+        ckey = f"{h}:{dim}"
+        out = await self.results.lookup(ckey) if self.results is not None else None
         if out is None:
             await self.model.wait_ready()
             item = PredictItem(x, s.heavy_items if heavy else s.items_per_request, dim, int(h[:8], 16))
+            claim = self.results.claim(ckey) if self.results is not None else None
             try:
                 out = await self.batcher.submit(item)
             except QueueFull as exc:
                 return _too_busy(str(exc), exc.retry_after_header)
-            if self.results is not None:
-                self.results.put(f"{h}:{dim}", out)
+            finally:
+                if self.results is not None and claim is not None:
+                    self.results.settle(ckey, claim, out)
         with stagescope.stage(N.STAGE_POSTPROCESS):
             top = np.argsort(out[: min(out.size, 4096)])[::-1][:5]
             answer = {"model": s.model_name, "top": top.tolist(), "scores": out}

@@ -79,11 +79,13 @@ def preprocess(features: np.ndarray, inputs: list[float], cpu_ms: float) -> np.n
 
 
 class ResultCache:
-    """LRU cache of model outputs keyed by input hash."""
+    """LRU cache of model outputs keyed by input hash, with request coalescing: while one request
+    computes an input, identical requests wait for its result instead of recomputing it."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._d: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[np.ndarray | None]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -95,6 +97,31 @@ class ResultCache:
         self._d.move_to_end(key)
         self.hits += 1
         return v
+
+    async def lookup(self, key: str) -> np.ndarray | None:
+        """The cached result, else the result of an identical request being computed now, else None
+        (then the caller computes it: :meth:`claim` first, :meth:`settle` after)."""
+        v = self.get(key)
+        if v is None and (fut := self._inflight.get(key)) is not None:
+            v = await asyncio.shield(fut)
+        return v
+
+    def claim(self, key: str) -> asyncio.Future[np.ndarray | None] | None:
+        """Mark ``key`` as being computed by the caller (None if someone else already does)."""
+        if key in self._inflight:
+            return None
+        fut: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        return fut
+
+    def settle(self, key: str, claim: asyncio.Future[np.ndarray | None], value: np.ndarray | None) -> None:
+        """The claimed computation ended (``value`` None when it failed: waiters compute themselves)."""
+        if self._inflight.get(key) is claim:
+            del self._inflight[key]
+        if value is not None:
+            self.put(key, value)
+        if not claim.done():
+            claim.set_result(value)
 
     def put(self, key: str, value: np.ndarray) -> None:
         self._d[key] = value

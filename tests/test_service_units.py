@@ -209,3 +209,29 @@ def test_real_compute_backends(backend: str) -> None:
     a, z = asyncio.run(main())
     assert a.shape == (10,) and z.shape == (4,)
     assert np.all((a >= 0) & (a <= 1)) and not np.array_equal(a[:4], z)
+
+
+def test_result_cache_coalesces_identical_inflight_requests() -> None:
+    import numpy as np
+
+    computed = []
+
+    async def request(c: ResultCache, key: str) -> np.ndarray:
+        out = await c.lookup(key)
+        if out is None:
+            claim = c.claim(key)
+            computed.append(key)
+            await asyncio.sleep(0.02)
+            out = np.full(1, len(computed))
+            if claim is not None:
+                c.settle(key, claim, out)
+        return out
+
+    async def main() -> list[np.ndarray]:
+        c = ResultCache(8)
+        first = asyncio.ensure_future(request(c, "k"))
+        await asyncio.sleep(0)
+        return [await first, *await asyncio.gather(*(request(c, "k") for _ in range(3)))]
+
+    outs = asyncio.run(main())
+    assert computed == ["k"] and all(int(o[0]) == 1 for o in outs)
