@@ -15,6 +15,9 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
   Triton ``nv_gpu_utilization``) over the samples, ``utilization_pct_tail`` the value last sampled
   before each tail request (as-of join);
 * ``running_tail`` / ``running_baseline``: vLLM ``num_requests_running`` as of each request, when scraped;
+* ``batch_slope_ms`` / ``batch_intercept_ms`` / ``batch_r2``: least-squares fit of the SLI sample on
+  its request's batch size (for streams the running decode batch): how much each extra item in the
+  batch adds, and how well batch size explains the samples;
 * ``stage_quantiles``: per stage, baseline p50 and the SLO quantile of that stage among baseline
   requests (ms), the reference for "behaved like its baseline".
 """
@@ -107,6 +110,13 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     if _one(con, f"SELECT count(*) FROM ({msql})"):
         ev["running_tail"] = _asof_mean(con, msql, tail_keys)
         ev["running_baseline"] = _asof_mean(con, msql, base_keys)
+    fit = con.execute(
+        f"""SELECT regr_slope(value_ms, batch_size), regr_intercept(value_ms, batch_size),
+                   regr_r2(value_ms, batch_size)
+            FROM {view.name} WHERE batch_size IS NOT NULL"""
+    ).fetchone()
+    if fit is not None:
+        ev["batch_slope_ms"], ev["batch_intercept_ms"], ev["batch_r2"] = (_f(v) for v in fit)
     ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
     return ev
 

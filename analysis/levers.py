@@ -26,6 +26,10 @@ REPEATED_SHARE = 0.3
 COMPUTE_SHARE_FOR_QUEUE = 0.25
 #: Running decode batch in the tail at least this many times the baseline's counts as "large".
 RUNNING_RATIO = 1.5
+#: Share of a tail gap explained by the running batch (fit of gap on batch size) that counts as batch-driven.
+BATCH_DRIVEN_SHARE = 0.5
+#: Minimum r² of that fit for it to count as evidence.
+BATCH_R2 = 0.3
 #: Accelerator utilization (percent) under which the accelerator is "starving".
 LOW_UTIL = 50.0
 
@@ -55,9 +59,29 @@ def _running(ev: Evidence) -> tuple[float | None, float | None]:
     return t, b
 
 
+def _batch_driven_share(ev: Evidence) -> float | None:
+    """Share of a tail sample that the batch-size fit puts on the batch (slope x tail batch / fitted value),
+    or None without a convincing fit (positive slope, r² at least BATCH_R2)."""
+    raw = [ev.get(k) for k in ("batch_slope_ms", "batch_intercept_ms", "batch_r2", "batch_size_tail")]
+    vals = [float(v) for v in raw if v is not None]
+    if len(vals) < len(raw):
+        return None
+    slope, icept, r2, t = vals
+    if slope <= 0 or r2 < BATCH_R2:
+        return None
+    fitted = icept + slope * t
+    return slope * t / fitted if fitted > 0 else None
+
+
 def _large_running(ev: Evidence) -> bool:
+    """The running batch drives the slow gaps: it is much larger around them than around normal ones, or
+    the gap grows with the batch so that most of a tail gap is per-sequence cost (a step slower because
+    the batch is big, which capping the batch fixes; speculative decoding would not)."""
     t, b = _running(ev)
-    return t is not None and b is not None and float(b) > 0 and float(t) >= RUNNING_RATIO * float(b)
+    if t is not None and b is not None and float(b) > 0 and float(t) >= RUNNING_RATIO * float(b):
+        return True
+    share = _batch_driven_share(ev)
+    return share is not None and share >= BATCH_DRIVEN_SHARE
 
 
 def _stage_line(ev: Evidence, stage: str) -> str:
@@ -130,7 +154,9 @@ RULES: tuple[Rule, ...] = (
         "prefill so prompt processing is interleaved with other requests.")),
     Rule(N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, _large_running, lambda ev: (
         f"{_stage_line(ev, N.STAGE_DECODE)}; the running decode batch is {_n(_running(ev)[0])} streams "
-        f"around slow gaps vs {_n(_running(ev)[1])} around normal ones. Cap the running batch "
+        f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
+        f"{_n(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {_n(ev.get('batch_r2'), '', 2)}), "
+        f"{_n((_batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
         "(max_num_seqs / max_num_batched_tokens).")),
     Rule(N.STAGE_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev: (
         f"{_stage_line(ev, N.STAGE_DECODE)}; the running batch is not larger around slow gaps "
