@@ -93,7 +93,7 @@ def test_ctrl_c_on_the_command_writes_what_was_recorded(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        time.sleep(2.5)
+        time.sleep(4.0)  # leave the interpreter time to start and install its handler
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
