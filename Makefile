@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gpu_exporter.py
 	$(BIN)/python benchmarks/loadgen.py
 	$(BIN)/python benchmarks/analysis.py
+	$(BIN)/python benchmarks/ingest.py
 
 dashboards: $(STAMP)
 	$(BIN)/stagescope dashboards build --out dashboards/generated

@@ -10,8 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from stagescope.demo.runner import RunResult, check_port_free, check_writable, run_scenario
+from stagescope.demo.runner import RunResult, check_port_free, run_scenario
 from stagescope.errors import UserError
+from stagescope.paths import ensure_writable_dir
 from stagescope.service.scenarios import SCENARIOS, get_scenario
 
 __all__ = ["lever_check", "run_all", "run_one"]
@@ -29,7 +30,7 @@ def _run(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: in
     from stagescope.loadgen.display import LiveProgress
 
     sc = get_scenario(name)
-    check_writable(out)  # fail in one line before any output
+    ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
     lever = f" with {sc.lever} applied" if apply_lever else ""

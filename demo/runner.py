@@ -38,6 +38,7 @@ import numpy as np
 
 from stagescope.demo.recorder import MetricsRecorder
 from stagescope.errors import UserError
+from stagescope.paths import ensure_writable_dir
 from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, get_scenario
 from stagescope.slo import SLO
 
@@ -45,7 +46,6 @@ __all__ = [
     "ARRIVAL_TRACE",
     "RunResult",
     "check_port_free",
-    "check_writable",
     "free_port",
     "run_scenario",
     "schedule_for",
@@ -86,17 +86,6 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
             if exc.errno == errno.EADDRINUSE:
                 raise UserError(f"port {port} on {host} is already in use; pick another with --port") from None
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
-def check_writable(path: Path) -> None:
-    """Create ``path`` and check a file can be written there (one-line error otherwise)."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".stagescope-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"{path}: output folder is not writable: {exc.strerror or exc}") from None
 
 
 def schedule_for(sc: Scenario, duration_s: float) -> Any:
@@ -221,7 +210,7 @@ def run_scenario(
 ) -> RunResult:
     """Run scenario ``name`` end to end into ``out``; see the module docstring."""
     sc = get_scenario(name)
-    check_writable(out)
+    ensure_writable_dir(out, "the demo's output there")
     if port:
         check_port_free(port)
     else:

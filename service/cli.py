@@ -87,16 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline_sample is not None and not 0.0 <= args.baseline_sample <= 1.0:
         raise UserError(f"--baseline-sample must be within [0, 1], got {args.baseline_sample}")
     if args.spans_out is not None:
-        from pathlib import Path
+        from stagescope.paths import ensure_writable_dir
 
-        out = Path(args.spans_out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / ".stagescope-write-test"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise UserError(f"{out}: cannot write spans there: {exc.strerror or exc}") from None
+        ensure_writable_dir(args.spans_out, "spans there")
 
     sock = _bind(args.host, args.port)
     import uvicorn

@@ -59,7 +59,7 @@ def test_unwritable_out_is_one_line(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
     proc = _run("--out", str(ro / "x"))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not writable" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot write the demo's output there" in proc.stderr
 
 
 def test_out_that_is_a_file_is_one_line(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_out_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     blocker.write_text("x")
     proc = _run("--out", str(blocker / "sub"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "not writable" in proc.stderr and "Traceback" not in proc.stderr
+    assert "cannot write the demo's output there" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_port_in_use_is_one_line(tmp_path: Path) -> None:
