@@ -17,9 +17,10 @@ Model (stated, with its limits):
     queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate, the
     arrivals' variability at the scale of one service time (index of dispersion of counts) and the
     executor time per request (busy time of distinct compute spans / requests);
-  - ``offload-preprocessing``: the stage's p5 is its CPU cost; a pool of the smallest size with
-    fewer than ``1 - objective`` of requests waiting (Erlang C) replaces the waiting inside the stage
-    (assumes the pool's threads find free CPU cores);
+  - ``offload-preprocessing``: the stage's p5 is its CPU cost; the waiting inside the stage is replaced
+    by the wait for a worker of a G/G/k pool (Erlang C with an exponential tail), k the smallest pool
+    whose predicted quantile meets the SLO (the cheapest fix; else the smallest with fewer than
+    ``1 - objective`` of requests waiting); assumes the pool's threads find free CPU cores;
   - ``prewarm``: the requests that waited for a model load (and ran in the backlog's big batches)
     are served like the others: the quantile of the unaffected requests;
   - ``cap-batch-wait``: batch wait capped at the recommended maximum (see :func:`batch_wait_cap_ms`);
@@ -215,15 +216,32 @@ def _offload(
     if arr.rate_per_s <= 0:
         return None
     a = arr.rate_per_s * service_ms / 1000.0
-    k = Q.servers_for(a, view.slo.error_budget, start=2)
-    model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
-    wait = model.wait_ms_sql(Q.uniform_rank_sql())
-    pred = _q(
-        con, BREAKDOWN, f"value_ms - {col} + least({col}, {service_ms!r} + {wait})", view.slo.quantile, attr
+    threshold = view.slo.threshold_ms
+    # the cheapest pool that fixes the breach: the smallest k (from 2) whose predicted quantile meets
+    # the SLO; failing that, the one where fewer than the error budget of requests wait at all
+    fallback = Q.servers_for(a, view.slo.error_budget, start=2)
+    pred: float | None = None
+    model = Q.QueueModel(fallback, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
+    for k in range(max(2, int(a) + 1), fallback + 1):
+        model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
+        wait = model.wait_ms_sql(Q.uniform_rank_sql())
+        pred = _q(
+            con,
+            BREAKDOWN,
+            f"value_ms - {col} + least({col}, {service_ms!r} + {wait})",
+            view.slo.quantile,
+            attr,
+        )
+        if pred is not None and pred <= threshold:
+            break
+    how = (
+        f"the smallest whose predicted p{view.slo.objective * 100:g} meets the {threshold:g} ms SLO"
+        if pred is not None and pred <= threshold
+        else f"the smallest with under {view.slo.error_budget:.1%} of requests waiting"
     )
     return pred, (
-        f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {k} workers, "
-        f"the smallest with under {view.slo.error_budget:.1%} of requests waiting at {arr.rate_per_s:.1f} req/s"
+        f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {model.servers} "
+        f"workers, {how} at {arr.rate_per_s:.1f} req/s ({model.p_wait:.0%} of requests wait for a worker)"
     )
 
 
