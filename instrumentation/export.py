@@ -21,7 +21,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from stagescope.instrumentation.sink import (
     DEFAULT_MAX_QUEUE_SPANS,
     JsonLinesSpanExporter,
+    QueuedSpanExporter,
     SpanCounter,
     after_fork_in_child,
 )
@@ -76,7 +76,7 @@ def make_span_exporter(
     return JsonLinesSpanExporter(directory, metrics=metrics)
 
 
-class BackgroundSpanExporter(SpanExporter):
+class BackgroundSpanExporter(QueuedSpanExporter):
     """Runs any exporter on a background thread behind a bounded queue; ``export`` never blocks."""
 
     def __init__(
@@ -90,19 +90,10 @@ class BackgroundSpanExporter(SpanExporter):
         max_backoff_s: float = 5.0,
     ) -> None:
         self.inner = inner
-        self.counter = SpanCounter(label, metrics)
-        self.max_queue_spans = max_queue_spans
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
-        self._queue: deque[Sequence[ReadableSpan]] = deque()
-        self._queued = 0
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
-        self._accepted = 0
-        self._handled = 0
         self._backoff = 0.0
-        self._stopped = False
+        self._init_queue(SpanCounter(label, metrics), max_queue_spans)
         self._thread = threading.Thread(target=self._run, name=f"stagescope-{label}", daemon=True)
         self._thread.start()
         after_fork_in_child(self, "_after_fork")
@@ -113,29 +104,13 @@ class BackgroundSpanExporter(SpanExporter):
         return self._backoff > 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        n = len(spans)
-        if not n:
-            return SpanExportResult.SUCCESS
-        if self._stopped:
-            self.counter.drop(n, "shutdown")
-            return SpanExportResult.FAILURE
-        if self._queued + n > self.max_queue_spans:
-            self.counter.drop(n, "queue_full")
-            return SpanExportResult.FAILURE
-        with self._lock:
-            self._queue.append(spans)
-            self._queued += n
-            self._accepted += 1
-        if self._queued >= BATCH_SPANS and not self._backoff:
-            self._wake.set()
-        return SpanExportResult.SUCCESS
+        return self._enqueue(spans, len(spans))
+
+    def _wake_now(self) -> bool:
+        return self._queued >= BATCH_SPANS and not self._backoff
 
     def _after_fork(self) -> None:
-        self._queue.clear()
-        self._queued = self._accepted = self._handled = 0
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
+        self._reset_queue()
         if not self._stopped:
             self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
             self._thread.start()
@@ -169,20 +144,14 @@ class BackgroundSpanExporter(SpanExporter):
             else:
                 self.counter.drop(len(batch), "export_failed")
                 self._backoff = min(self.max_backoff_s, max(0.25, self._backoff * 2))
-            with self._cond:
-                self._handled += calls
-                self._cond.notify_all()
+            self._mark_done(calls)
             time.sleep(0)  # let the event loop thread take the GIL between batches
             if not ok and not self._stopped:
                 return  # wait out the backoff before the next batch
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        with self._lock:
-            target = self._accepted
-        self._backoff = 0.0
-        self._wake.set()
-        with self._cond:
-            return bool(self._cond.wait_for(lambda: self._handled >= target, timeout=timeout_millis / 1000))
+        self._backoff = 0.0  # try now, not after the backoff
+        return self._wait_done(timeout_millis)
 
     def shutdown(self) -> None:
         if self._stopped:

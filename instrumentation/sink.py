@@ -32,7 +32,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from stagescope.instrumentation.otlp_json import EncodedSpans, encode_spans
 
-__all__ = ["JsonLinesSpanExporter", "SpanCounter", "after_fork_in_child", "resolve_metrics"]
+__all__ = [
+    "JsonLinesSpanExporter",
+    "QueuedSpanExporter",
+    "SpanCounter",
+    "after_fork_in_child",
+    "resolve_metrics",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +99,70 @@ class SpanCounter:
                 m.span_dropped(n, self.label, reason)
 
 
-class JsonLinesSpanExporter(SpanExporter):
+class QueuedSpanExporter(SpanExporter):
+    """The request side that stagescope's span exporters share: ``export`` puts spans on a bounded
+    queue that one background thread drains, and never blocks. With the queue full, or the exporter
+    stopped, the spans are dropped and counted.
+
+    A subclass calls :meth:`_init_queue` from its ``__init__`` (and :meth:`_reset_queue` in a forked
+    child, where locks and threads do not survive), drains ``_queue`` in its thread under ``_lock``
+    (keeping ``_queued`` right), calls :meth:`_mark_done` after each batch, and says in
+    :meth:`_wake_now` when enough is queued to wake its thread before the next interval.
+    """
+
+    def _init_queue(self, counter: SpanCounter, max_queue_spans: int) -> None:
+        self.counter = counter
+        self.max_queue_spans = max_queue_spans
+        self._queue: deque[Any] = deque()
+        self._stopped = False
+        self._reset_queue()
+
+    def _reset_queue(self) -> None:
+        self._queue.clear()
+        self._queued = 0  # spans waiting
+        self._accepted = 0  # export calls accepted
+        self._done = 0  # of those, handled by the thread (exported, written or dropped)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+
+    def _wake_now(self) -> bool:
+        """True when the thread should run now rather than at its next interval."""
+        return False
+
+    def _enqueue(self, item: Any, n: int) -> SpanExportResult:
+        if not n:
+            return SpanExportResult.SUCCESS
+        if self._stopped:
+            self.counter.drop(n, "shutdown")
+            return SpanExportResult.FAILURE
+        if self._queued + n > self.max_queue_spans:
+            self.counter.drop(n, "queue_full")
+            return SpanExportResult.FAILURE
+        with self._lock:
+            self._queue.append(item)
+            self._queued += n
+            self._accepted += 1
+        if self._wake_now():
+            self._wake.set()
+        return SpanExportResult.SUCCESS
+
+    def _mark_done(self, calls: int) -> None:
+        """The thread handled ``calls`` queued export calls (exported, written or dropped)."""
+        with self._cond:
+            self._done += calls
+            self._cond.notify_all()
+
+    def _wait_done(self, timeout_millis: int) -> bool:
+        """Wake the thread and wait until every call accepted so far is handled."""
+        with self._lock:
+            target = self._accepted
+        self._wake.set()
+        with self._cond:
+            return bool(self._cond.wait_for(lambda: self._done >= target, timeout=timeout_millis / 1000))
+
+
+class JsonLinesSpanExporter(QueuedSpanExporter):
     """Writes spans as OTLP/JSON lines to ``<directory>/spans-<pid>-<n>.jsonl`` from a background thread."""
 
     def __init__(
@@ -109,17 +178,8 @@ class JsonLinesSpanExporter(SpanExporter):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self.max_queue_spans = max_queue_spans
         self.flush_interval_s = flush_interval_s
-        self.counter = SpanCounter(exporter_label, metrics)
-        self._queue: deque[Sequence[ReadableSpan] | EncodedSpans] = deque()
-        self._queued = 0  # spans waiting
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
-        self._accepted = 0  # export() calls accepted
-        self._written = 0  # of those, handled by the writer (written or dropped)
-        self._stopped = False
+        self._init_queue(SpanCounter(exporter_label, metrics), max_queue_spans)
         self._file: IO[bytes] | None = None
         self._file_pid = -1
         self._file_index = -1
@@ -138,22 +198,8 @@ class JsonLinesSpanExporter(SpanExporter):
         """Like :meth:`export` for spans already in OTLP/JSON form (stagescope's own fast path)."""
         return self._enqueue(group, len(group.spans))
 
-    def _enqueue(self, item: Sequence[ReadableSpan] | EncodedSpans, n: int) -> SpanExportResult:
-        if not n:
-            return SpanExportResult.SUCCESS
-        if self._stopped:
-            self.counter.drop(n, "shutdown")
-            return SpanExportResult.FAILURE
-        if self._queued + n > self.max_queue_spans:
-            self.counter.drop(n, "queue_full")
-            return SpanExportResult.FAILURE
-        with self._lock:
-            self._queue.append(item)
-            self._queued += n
-            self._accepted += 1
-        if self._queued >= SPANS_PER_LINE:
-            self._wake.set()
-        return SpanExportResult.SUCCESS
+    def _wake_now(self) -> bool:
+        return self._queued >= SPANS_PER_LINE
 
     # ------------------------------------------------------------------ writer thread
     def _start(self) -> None:
@@ -161,11 +207,7 @@ class JsonLinesSpanExporter(SpanExporter):
         self._thread.start()
 
     def _after_fork(self) -> None:
-        self._queue.clear()
-        self._queued = self._accepted = self._written = 0
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
+        self._reset_queue()
         self._file = None  # the parent's file stays the parent's
         if not self._stopped:
             self._start()
@@ -204,9 +246,7 @@ class JsonLinesSpanExporter(SpanExporter):
             except Exception:
                 _log.warning("stagescope: writing spans to %s failed", self.directory, exc_info=True)
                 self.counter.drop(n, "write_failed")
-            with self._cond:
-                self._written += calls
-                self._cond.notify_all()
+            self._mark_done(calls)
             time.sleep(0)  # let the event loop thread take the GIL between lines
 
     def _write(self, line: bytes) -> None:
@@ -237,11 +277,7 @@ class JsonLinesSpanExporter(SpanExporter):
     # ------------------------------------------------------------------ SpanExporter lifecycle
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Write everything accepted so far; True when done within the timeout."""
-        with self._lock:
-            target = self._accepted
-        self._wake.set()
-        with self._cond:
-            return bool(self._cond.wait_for(lambda: self._written >= target, timeout=timeout_millis / 1000))
+        return self._wait_done(timeout_millis)
 
     def shutdown(self) -> None:
         if self._stopped:
