@@ -250,6 +250,18 @@ def _project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------
 # Real compute
 # --------------------------------------------------------------------------------------------------
+
+
+def _input_rows(items: Sequence[PredictItem], width: int, dtype: Any) -> np.ndarray:
+    """The batch's model input: each item's vector, cut or zero-padded to ``width``, repeated once
+    per unit of work it asks for (``units``), stacked into one matrix."""
+    rows = []
+    for it in items:
+        v = np.zeros(width, dtype=dtype)
+        n = min(v.size, it.x.size)
+        v[:n] = it.x[:n]
+        rows.append(np.tile(v, (max(1, it.units), 1)))
+    return np.concatenate(rows)
 class NumpyBackend:
     """A real MLP on the CPU: each work unit is one row through ``model_dim``-wide layers."""
 
@@ -281,13 +293,7 @@ class NumpyBackend:
     def _forward(self, items: Sequence[PredictItem]) -> list[np.ndarray]:
         assert self._weights is not None
         w0, w1, w2, w3 = self._weights
-        rows = []
-        for it in items:
-            v = np.zeros(w0.shape[0], dtype=w0.dtype)
-            n = min(v.size, it.x.size)
-            v[:n] = it.x[:n]
-            rows.append(np.tile(v, (max(1, it.units), 1)))
-        h = np.concatenate(rows)
+        h = _input_rows(items, w0.shape[0], w0.dtype)
         h = np.maximum(h @ w0, 0)
         h = np.maximum(h @ w1, 0)
         h = np.maximum(h @ w2, 0)
@@ -330,14 +336,9 @@ class TorchBackend(NumpyBackend):
     def _forward(self, items: Sequence[PredictItem]) -> list[np.ndarray]:
         torch = self._torch
         w0, w1, w2, w3 = self._tw
-        rows = []
-        for it in items:
-            v = np.zeros(w0.shape[0], dtype=np.float32)
-            n = min(v.size, it.x.size)
-            v[:n] = it.x[:n]
-            rows.append(np.tile(v, (max(1, it.units), 1)))
+        x = _input_rows(items, w0.shape[0], np.float32)
         with torch.inference_mode():
-            h = torch.as_tensor(np.concatenate(rows), dtype=w0.dtype, device=self.device)
+            h = torch.as_tensor(x, dtype=w0.dtype, device=self.device)
             if self.device == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
