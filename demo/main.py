@@ -41,6 +41,8 @@ def _run(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: in
     with LiveProgress(err_console, duration_s, 0, enabled=err_console.is_terminal) as live:
         result = run_scenario(name, out=out, duration_s=duration_s, apply_lever=apply_lever, port=port or None,
                               progress=live.update)  # fmt: skip
+    if result.archived is not None:
+        err_console.print(f"  the earlier run's recordings in {out} were moved to {result.archived}")
     err_console.print(f"  recorded {result.requests_sent} requests into {out}; analysed -> {out / 'report.html'}")
     return result
 

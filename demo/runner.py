@@ -14,6 +14,10 @@ Layout of a run folder::
     DIR/results.parquet   the load generator's per-request results
     DIR/report.json       the analysis (pinned JSON), DIR/report.html the same as a page
     DIR/service.log       the service's own output
+
+A run into a folder that holds an earlier run's recordings first moves them into
+``DIR/earlier-runs/<UTC time>/`` (nothing is deleted): the analysis reads every file under
+``DIR/spans``, so two runs' spans side by side would be analysed as one incident.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from stagescope.slo import SLO
 
 __all__ = [
     "ARRIVAL_TRACE",
+    "RECORDINGS",
     "RunResult",
+    "archive_previous",
     "check_port_free",
     "free_port",
     "run_scenario",
@@ -56,6 +62,10 @@ REPO = Path(__file__).resolve().parents[1]
 ARRIVAL_TRACE = REPO / "external" / "llm_traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
 #: How long the reference service may take to answer /readyz (seconds).
 READY_TIMEOUT_S = 60.0
+#: What one run records into its folder (an earlier run's are moved aside, see archive_previous).
+RECORDINGS = (
+    "spans", "metrics", "results.parquet", "report.json", "report.html", "service.log", "lever", "lever_check.json",
+)  # fmt: skip
 
 
 @dataclass
@@ -69,6 +79,26 @@ class RunResult:
     requests_sent: int
     client_p99_ms: float | None
     interrupted: bool = False
+    #: Where an earlier run's recordings in ``out`` were moved before this run, if there were any.
+    archived: Path | None = None
+
+
+def archive_previous(out: Path) -> Path | None:
+    """Move an earlier run's recordings in ``out`` into ``out/earlier-runs/<UTC time>/``; returns that
+    folder, or None when ``out`` held none."""
+    found = [out / n for n in RECORDINGS if (out / n).exists()]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = out / "earlier-runs" / stamp
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = out / "earlier-runs" / f"{stamp}-{n}"
+    dest.mkdir(parents=True)
+    for p in found:
+        p.rename(dest / p.name)
+    return dest
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -215,6 +245,7 @@ def run_scenario(
         check_port_free(port)
     else:
         port = free_port()
+    archived = archive_previous(out)
     spans = out / "spans"
     spans.mkdir(parents=True, exist_ok=True)
     svc = ServiceProcess(sc, port=port, spans_dir=spans, apply_lever=apply_lever, log=out / "service.log")
@@ -230,4 +261,4 @@ def run_scenario(
         raise UserError(f"{spans}: the service recorded no spans (see {out / 'service.log'})")
     # the scenario's SLO is about its own route (probes and /metrics scrapes are not its traffic)
     report = analyse_run(out, dataclasses.replace(sc.slo, route=sc.route))
-    return RunResult(sc.name, apply_lever, out, report, sent, client_p99, interrupted)
+    return RunResult(sc.name, apply_lever, out, report, sent, client_p99, interrupted, archived)
