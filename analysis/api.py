@@ -9,6 +9,7 @@ describe that quantity, and ``p99`` keys hold the SLO's own quantile where they 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import duckdb
@@ -28,8 +29,9 @@ __all__ = ["analyze", "connection", "frames"]
 MIN_LEVER_SHARE = 0.05
 #: Unattributed time above this share of the excess means: measure first.
 UNATTRIBUTED_VERDICT_SHARE = 0.5
-SLOWEST_N = 15
-CDF_POINTS = 50
+SLOWEST_N = A.KEEP_SLOWEST
+CDF_POINTS = 100
+TIMELINE_POINTS = 40
 
 
 def connection(dataset: Any) -> duckdb.DuckDBPyConnection:
@@ -71,18 +73,40 @@ def _pick(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[SLO, list[di
 
 
 def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
-    ps = [i / CDF_POINTS for i in range(CDF_POINTS + 1)]
-    ps = sorted(set([*ps, 0.9, 0.95, 0.975, 0.99, 0.995, 0.999, 0.9999]))
-    row = con.execute(f"SELECT quantile_cont(value_ms, {ps}) FROM {view.name}").fetchone()
-    if not row or row[0] is None:
+    """The empirical CDF as ``[value_ms, share of samples at or below it]`` pairs, exact at
+    :data:`CDF_POINTS` log-spaced values between the smallest and the largest sample (one counting
+    pass; the plot's x axis is logarithmic)."""
+    row = con.execute(f"SELECT min(value_ms), max(value_ms), count(*) FROM {view.name}").fetchone()
+    if not row or row[0] is None or not row[2]:
         return []
-    return [[round(float(v), 3), p] for v, p in zip(row[0], ps, strict=True)]
+    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), int(row[2])
+    if hi <= lo:
+        return [[round(hi, 3), 1.0]]
+    step = math.log(hi / lo) / CDF_POINTS
+    counts = dict(
+        con.execute(
+            f"""SELECT least({CDF_POINTS}, CAST(ceil(ln(greatest(value_ms, {lo!r}) / {lo!r}) / {step!r}) AS INTEGER)) AS b,
+                       count(*) FROM {view.name} GROUP BY 1"""
+        ).fetchall()
+    )
+    out, seen = [], 0
+    for b in range(CDF_POINTS + 1):  # bucket b holds the samples in (x[b-1], x[b]]
+        seen += int(counts.get(b, 0))
+        x = hi if b == CDF_POINTS else lo * math.exp(step * b)
+        out.append([round(x, 3), round(seen / n, 6)])
+    return out
 
 
-def _timeline_window(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> str:
+def _timeline(
+    con: duckdb.DuckDBPyConnection, view: B.SLIView, windows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """About :data:`TIMELINE_POINTS` windows over the incident for the plot: the breach windows
+    themselves when they are already between half and three times that many."""
+    if TIMELINE_POINTS // 2 <= len(windows) <= 3 * TIMELINE_POINTS:
+        return windows
     row = con.execute(f"SELECT (max(start_unix_ns) - min(start_unix_ns)) / 1e9 FROM {view.name}").fetchone()
     span = float(row[0] or 0.0) if row else 0.0
-    return f"{max(1, round(span / 40))}s"
+    return B.windows(con, view, f"{max(1, round(span / TIMELINE_POINTS))}s")
 
 
 def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution) -> list[dict[str, Any]]:
@@ -93,8 +117,13 @@ def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attributio
         return [{"trace_id": t, "value_ms": round(v, 3), "stages": {}, "gaps": int(n)} for t, v, n in rows]
     cols = [*list(attr.columns.items()), (UNATTRIBUTED, UNATTRIBUTED)]
     sel = ", ".join(c for _, c in cols)
+    src = (
+        A.BREAKDOWN
+        if attr.extra is None
+        else f"(SELECT * FROM {A.BREAKDOWN} UNION ALL SELECT * FROM {attr.extra})"
+    )
     rows = con.execute(
-        f"SELECT trace_id, start_unix_ns, value_ms, {sel} FROM {A.BREAKDOWN} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
+        f"SELECT trace_id, start_unix_ns, value_ms, {sel} FROM {src} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
     ).fetchall()
     out = []
     for r in rows:
@@ -119,6 +148,22 @@ def analyze(
 ) -> dict[str, Any]:
     """Analyse one incident: the pinned report dict (see the module docstring and the README)."""
     con = connection(dataset)
+    # the analysis orders whatever it reports itself; unordered intermediate tables are built faster
+    row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        return _analyze(con, dataset, slo, window, warnings)
+    finally:
+        con.execute(f"SET preserve_insertion_order = {bool(row and row[0])}")
+
+
+def _analyze(
+    con: duckdb.DuckDBPyConnection,
+    dataset: Any,
+    slo: str | SLO | list[SLO],
+    window: str,
+    warnings: list[str] | None,
+) -> dict[str, Any]:
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
     slos, notes = B.resolve_slos(con, _slos(slo))
     warns += notes
@@ -170,7 +215,7 @@ def analyze(
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
     report["cdf"] = _cdf(con, view)
-    report["timeline"] = B.windows(con, view, _timeline_window(con, view))
+    report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)
     if others:
         report["other_slos"] = others
@@ -247,8 +292,10 @@ def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any
 
 
 def frames(dataset: Any) -> dict[str, Any]:
-    """Polars frames of the latest analysis on this connection: ``breakdown`` (per request and stage
-    column, ms; call after :func:`analyze`), ``requests``, ``stages`` and ``metric_samples`` (as loaded)."""
+    """Polars frames of the latest analysis on this connection: ``breakdown`` (per request: stage
+    columns in ms and the request's batch size, queue depth, cold start, input hash, prompt tokens;
+    call after :func:`analyze`; on large inputs the analysed sample), ``requests``, ``stages`` and
+    ``metric_samples`` (as loaded)."""
     con = connection(dataset)
     out: dict[str, Any] = {}
     tables = {

@@ -23,6 +23,12 @@ its part of the summed positive excess (negative excess shares 0).
 
 For inter-token SLOs the samples are gaps, all of them decode time: the excess is the tail gaps' mean
 minus the baseline gaps' mean and goes to ``decode``; the evidence (running batch) is in levers.
+
+Large inputs (over :data:`FULL_BREAKDOWN_LIMIT` samples): only the requests that matter are broken
+down: the tail candidates (everything above ``lower``, see :func:`_subset`; past
+:data:`CANDIDATE_SAMPLE` of them a uniform sample) and a :data:`BASELINE_SAMPLE` sample of the
+baseline, both drawn by a hash of the arrival time, which is independent of latency. Stage means are
+then sample means; tail and baseline counts and mean latencies are always over every sample.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.analysis.breach import SLIView, network_expr, sql_str
+from stagescope.analysis.queueing import uniform_rank_sql
 from stagescope.names import STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
 
 __all__ = ["Attribution", "attribute", "build_breakdown", "stage_columns"]
@@ -52,12 +59,17 @@ class Attribution:
     columns: dict[str, str] = field(default_factory=dict)
     tail_mean_ms: float | None = None
     baseline_mean_ms: float | None = None
-    #: False when ``ss_breakdown`` holds only the tail candidates (``value_ms > lower_ms``) and a
-    #: sample of the baseline (large inputs); ``total`` is then the number of samples in the SLI view.
+    #: False when ``ss_breakdown`` holds only the tail candidates (``value_ms > lower_ms``, all of them
+    #: or a uniform sample) and a sample of the baseline (large inputs); ``total`` is then the number
+    #: of samples in the SLI view and ``candidates`` the number of them above ``lower_ms``.
     complete: bool = True
     lower_ms: float | None = None
     total: int = 0
     view: SLIView | None = None
+    candidates: int = 0
+    #: A table with the slowest requests left out of a sampled breakdown (for the report's list of
+    #: slowest traces; never in the estimates), or None.
+    extra: str | None = None
 
     @property
     def top(self) -> str | None:
@@ -79,15 +91,55 @@ def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
 
+#: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (evidence and lever models
+#: read them there instead of joining ``requests`` again).
+REQUEST_ATTRIBUTES = {
+    "batch_size": "any_value(batch_size)",
+    "queue_depth": "any_value(queue_depth)",
+    "cold_start": "bool_or(cold_start)",
+    "input_hash": "any_value(input_hash)",
+    "input_tokens": "any_value(input_tokens)",
+    "itl_mean_ms": "any_value(itl_mean_ms)",
+}
+
+
+def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None) -> None:
+    """Create ``ss_req``: one row per trace of the requests to break down, read from ``requests``
+    (the SLI table holds no trace ids): trace id and its integer key ``tk``, SLI interval ``t0``-``t1``
+    (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`. Two server requests of one trace
+    share their stage spans, so they become one row (the earliest start, the largest value)."""
+    net = network_expr(view.slo)
+    src = (
+        f"SELECT trace_id, start_unix_ns, CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, "
+        f"{', '.join(REQUEST_ATTRIBUTES)} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
+    )
+    where = f"WHERE {subset}" if subset else ""
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_req AS
+        SELECT trace_id, hash(trace_id) AS tk, start_unix_ns AS t0, value_ms,
+               start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
+               {", ".join(REQUEST_ATTRIBUTES)}
+        FROM ({src}) {where}"""
+    )
+    row = con.execute("SELECT count(*) - count(DISTINCT tk) FROM ss_req").fetchone()
+    if row and row[0]:  # several requests in one trace: one row per trace
+        attrs = ", ".join(f"{agg} AS {c}" for c, agg in REQUEST_ATTRIBUTES.items())
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE ss_req AS
+            SELECT trace_id, any_value(tk) AS tk, min(t0) AS t0, max(value_ms) AS value_ms,
+                   min(t0) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1, max(network) AS network, {attrs}
+            FROM ss_req GROUP BY trace_id"""
+        )
+
+
 def build_breakdown(
     con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None = None
 ) -> dict[str, str]:
     """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
 
-    ``subset`` (a condition on ``value_ms`` and ``trace_id``) limits the requests broken down; the
-    verdict uses it on large inputs to break down the tail candidates and a sample of the baseline
-    only (see :func:`attribute`)."""
-    where = f"WHERE {subset}" if subset else ""
+    ``subset`` (a condition on ``value_ms`` and ``start_unix_ns``) limits the requests broken down;
+    the verdict uses it on large inputs to break down the tail candidates and a sample of the
+    baseline only (see :func:`attribute`)."""
     cols = stage_columns(con)
     case = (
         "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
@@ -96,12 +148,7 @@ def build_breakdown(
     )
     k_of = {c: i for i, c in enumerate(cols.values())}
     # integer keys (``tk`` = hash of the trace id, ``k`` = stage index) keep the group-bys cheap
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_id, hash(trace_id) AS tk, min(start_unix_ns) AS t0, max(value_ms) AS value_ms,
-               min(start_unix_ns) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1, max(network_ms) AS network
-        FROM {view.name} {where} GROUP BY trace_id"""
-    )
+    _requests_sql(con, view, subset)
     # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_st AS
@@ -116,12 +163,20 @@ def build_breakdown(
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
         WITH per AS (
-            SELECT tk, k, any_value(span) AS span, CASE WHEN max(a) <= min(b) THEN max(b) - min(a) END AS u
+            SELECT tk, k, CASE WHEN max(a) <= min(b) THEN (max(b) - min(a)) / 1e6 END AS u
             FROM ss_st GROUP BY tk, k
         )
-        SELECT tk, {", ".join(f"sum(u) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
-               bool_or(u IS NULL) OR sum(u) > max(span) AS overlap
+        SELECT tk, {", ".join(f"sum(u) FILTER (WHERE k = {k}) AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
+               count(*) - count(u) AS blocks_overlap, sum(u) AS total
         FROM per GROUP BY tk"""
+    )
+    # a trace needs the sweep when a stage's spans form more than one block or its stages sum above
+    # the interval (overlapping stages)
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE ss_fast AS
+        SELECT f.* EXCLUDE (blocks_overlap, total),
+               f.blocks_overlap > 0 OR f.total > (r.t1 - r.t0) / 1e6 + 1e-6 AS overlap
+        FROM ss_fast f JOIN ss_req r USING (tk)"""
     )
     sums = (
         ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items())
@@ -146,10 +201,13 @@ def build_breakdown(
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
         WITH b AS (
-            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network
+            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network,
+                   {", ".join(f"r.{c}" for c in REQUEST_ATTRIBUTES)}
             FROM ss_req r LEFT JOIN ss_fast f USING (tk) LEFT JOIN ss_sweep w USING (tk)
         )
-        SELECT b.* EXCLUDE (network), greatest(b.value_ms - ({total}), 0) AS unattributed, b.network FROM b"""
+        SELECT b.* EXCLUDE (network, {", ".join(REQUEST_ATTRIBUTES)}),
+               greatest(b.value_ms - ({total}), 0) AS unattributed, b.network, {", ".join(REQUEST_ATTRIBUTES)}
+        FROM b"""
     )
     for t in ("ss_fast", "ss_sweep", "ss_st"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
@@ -207,8 +265,15 @@ def attribute(
         ex = None if tm is None or bm is None else tm - bm
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
         return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm)
-    subset, lower = _subset(con, view, base, q_ms, p50_ms)
-    cols = build_breakdown(con, view, subset)
+    sub = _subset(con, view, base, q_ms, p50_ms)
+    cols = build_breakdown(con, view, sub.condition if sub else None)
+    extra = None
+    if sub is not None and sub.forced:  # the slowest requests outside the sample: kept apart
+        extra = "ss_breakdown_extra"
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {extra} AS SELECT * FROM {BREAKDOWN} WHERE NOT ({sub.sampled})"
+        )
+        con.execute(f"DELETE FROM {BREAKDOWN} WHERE NOT ({sub.sampled})")
     parts = dict(cols)
     parts[UNATTRIBUTED] = UNATTRIBUTED
     has_net = con.execute(f"SELECT count(network) FROM {BREAKDOWN}").fetchone()
@@ -218,17 +283,18 @@ def attribute(
         f"avg(coalesce({c}, 0)) FILTER (WHERE {tail}), avg(coalesce({c}, 0)) FILTER (WHERE {base})"
         for c in parts.values()
     )
-    row = con.execute(
+    row = con.execute(f"SELECT {sel} FROM {BREAKDOWN}").fetchone()
+    # counts and mean values of tail and baseline: over every sample, also when the breakdown is a sample
+    counts = con.execute(
         f"SELECT count(*) FILTER (WHERE {tail}), count(*) FILTER (WHERE {base}), "
-        f"avg(value_ms) FILTER (WHERE {tail}), avg(value_ms) FILTER (WHERE {base}), {sel} FROM {BREAKDOWN}"
+        f"avg(value_ms) FILTER (WHERE {tail}), avg(value_ms) FILTER (WHERE {base}) FROM {view.name}"
     ).fetchone()
-    assert row is not None
-    tn, bn, tm, bm = row[:4]
-    vals = row[4:]
+    assert row is not None and counts is not None
+    tn, bn, tm, bm = counts
     excess: dict[str, float | None] = {}
     means: dict[str, tuple[float | None, float | None]] = {}
     for i, stage in enumerate(parts):
-        t, b = vals[2 * i], vals[2 * i + 1]
+        t, b = row[2 * i], row[2 * i + 1]
         means[stage] = (t, b)
         excess[stage] = None if t is None or b is None else t - b
     return Attribution(
@@ -240,10 +306,12 @@ def attribute(
         cols,
         tm,
         bm,
-        subset is None,
-        lower,
+        sub is None,
+        sub.lower if sub else None,
         view.count,
         view,
+        sub.candidates if sub else 0,
+        extra,
     )
 
 
@@ -251,17 +319,35 @@ def attribute(
 FULL_BREAKDOWN_LIMIT = 200_000
 #: Baseline requests kept in the breakdown on large inputs (a deterministic hash sample).
 BASELINE_SAMPLE = 50_000
+#: Tail candidates kept in the breakdown on large inputs; above it a uniform sample of them.
+CANDIDATE_SAMPLE = 40_000
+#: The slowest requests always broken down (the report lists them), in or out of the sample.
+KEEP_SLOWEST = 15
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Which requests a large input's breakdown covers: ``condition`` (SQL on ``value_ms`` and
+    ``start_unix_ns``) = the ``sampled`` ones plus, when ``forced``, the slowest few."""
+
+    condition: str
+    sampled: str
+    lower: float
+    candidates: int
+    forced: bool
 
 
 def _subset(
     con: duckdb.DuckDBPyConnection, view: SLIView, base: str, q_ms: float | None, p50_ms: float | None
-) -> tuple[str | None, float | None]:
-    """On large inputs: requests above ``lower`` (the tail and everything that could be in the SLO
+) -> Subset | None:
+    """On large inputs: the requests above ``lower`` (the tail and everything that could be in the SLO
     quantile's neighbourhood: below the threshold, the SLO quantile and the ``1 - 10 * budget``
-    quantile) plus a hash sample of the baseline. Means from the sample are unbiased; counterfactual
-    quantiles are order statistics of the candidates (see counterfactual)."""
+    quantile), a uniform sample of them when there are more than :data:`CANDIDATE_SAMPLE`, plus a
+    sample of the baseline. Samples are drawn by a hash of the arrival time, which is independent of
+    latency, so means over them are unbiased; counterfactual quantiles are the matching quantiles of
+    the candidates (see counterfactual)."""
     if view.count <= FULL_BREAKDOWN_LIMIT:
-        return None, None
+        return None
     q = view.slo.quantile
     q_low = max(0.5, 1.0 - 10.0 * (1.0 - q))
     row = con.execute(
@@ -271,10 +357,17 @@ def _subset(
     lower = min(
         view.slo.threshold_ms, float(q_ms if q_ms is not None else view.slo.threshold_ms), float(row[0])
     )
-    rate = min(1.0, BASELINE_SAMPLE / max(int(row[1]), 1))
-    return f"value_ms > {lower!r} OR (({base}) AND {rank_sql()} < {rate!r})", lower
-
-
-def rank_sql(col: str = "trace_id") -> str:
-    """A deterministic pseudo-uniform rank in [0, 1) from a column (DuckDB ``hash``)."""
-    return f"((hash({col}) % 1000003) / 1000003.0)"
+    crow = con.execute(f"SELECT count(*) FILTER (WHERE value_ms > {lower!r}) FROM {view.name}").fetchone()
+    candidates = int(crow[0]) if crow else 0
+    rank = uniform_rank_sql("start_unix_ns")
+    base_rate = min(1.0, BASELINE_SAMPLE / max(int(row[1]), 1))
+    cand_rate = min(1.0, CANDIDATE_SAMPLE / max(candidates, 1))
+    cand = f"value_ms > {lower!r}" + (f" AND {rank} < {cand_rate!r}" if cand_rate < 1.0 else "")
+    sampled = f"({cand}) OR (({base}) AND {rank} < {base_rate!r})"
+    if cand_rate >= 1.0:
+        return Subset(sampled, sampled, lower, candidates, False)
+    top = con.execute(
+        f"SELECT min(value_ms) FROM (SELECT value_ms FROM {view.name} ORDER BY value_ms DESC LIMIT {KEEP_SLOWEST})"
+    ).fetchone()
+    forced = f"value_ms >= {float(top[0])!r}" if top and top[0] is not None else "false"
+    return Subset(f"{sampled} OR {forced}", sampled, lower, candidates, True)

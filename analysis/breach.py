@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "SLIView",
     "evaluate",
+    "network_expr",
     "quantiles",
     "resolve_slos",
     "sli_view",
@@ -49,10 +50,10 @@ def sql_str(value: str) -> str:
 
 @dataclass
 class SLIView:
-    """The samples of one SLO as a temp table ``name`` with columns ``trace_id``, ``start_unix_ns``,
-    ``value_ms`` (and, per sample, ``network_ms`` = client minus server time for ``e2e``, the request's
+    """The samples of one SLO as a temp table ``name`` with columns ``start_unix_ns``, ``value_ms``
+    (and, per sample, ``network_ms`` = client minus server time for ``e2e``, the request's
     ``queue_depth`` and ``batch_size``); ``per_request`` is False for inter-token gaps (several samples
-    per request)."""
+    per request), whose table also has the ``trace_id`` of each gap's stream."""
 
     slo: SLO
     name: str
@@ -63,6 +64,13 @@ class SLIView:
     shed: int
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def arrivals(self) -> str:
+        """A relation with one ``start_unix_ns`` row per request (arrival) of the samples."""
+        if self.per_request:
+            return self.name
+        return f"(SELECT DISTINCT trace_id, start_unix_ns FROM {self.name})"
+
 
 def _request_filter(slo: SLO) -> str:
     conds = ["coalesce(status_code, 0) <> 429"]
@@ -71,6 +79,11 @@ def _request_filter(slo: SLO) -> str:
     if slo.model is not None:
         conds.append(f"model = {sql_str(slo.model)}")
     return " AND ".join(conds)
+
+
+def network_expr(slo: SLO) -> str:
+    """Per request, client-observed minus server time (ms): the ``network`` stage, for ``e2e`` only."""
+    return "greatest(client_duration_ms - duration_ms, 0)" if slo.sli == SLI_E2E else "NULL::DOUBLE"
 
 
 def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> SLIView:
@@ -87,11 +100,14 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
         per_request = False
     else:  # pragma: no cover - SLO validates its sli
         raise UserError(f"unknown SLI {slo.sli!r}")
-    net = "greatest(client_duration_ms - duration_ms, 0)" if slo.sli == SLI_E2E else "NULL::DOUBLE"
+    net = network_expr(slo)
     extra = f"{net} AS network_ms, CAST(queue_depth AS DOUBLE) AS queue_depth, CAST(batch_size AS DOUBLE) AS batch_size"
-    # materialized once: every later step (quantiles, windows, breakdown) reads this, not the inputs
+    # materialized once: every later step (quantiles, windows, arrivals) reads this, not the inputs.
+    # Per-request samples carry no trace id (the widest column by far); the breakdown reads the trace
+    # ids of the requests it breaks down from ``requests`` (see attribution.build_breakdown)
+    key = "" if per_request else "trace_id, "
     per_request_sql = (
-        f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT trace_id, start_unix_ns, CAST({value_expr} AS DOUBLE) "
+        f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {key}start_unix_ns, CAST({value_expr} AS DOUBLE) "
         f"AS value_ms, {extra} FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
     )
     if per_request:

@@ -74,31 +74,24 @@ def _q(
     con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, attr: Attribution | None = None
 ) -> float | None:
     """Quantile ``q`` of ``expr`` over ``src``. When ``attr`` says the breakdown holds only the
-    candidates above ``lower_ms`` (large inputs), the quantile is the matching order statistic of the
-    candidates' new values: every other request stays at or below ``lower_ms`` (a lever only removes
-    time), so it is exact whenever it lands above ``lower_ms``; otherwise the full breakdown is built
-    and the quantile recomputed."""
+    candidates above ``lower_ms`` (large inputs; all of them or a uniform sample), every other request
+    stays at or below ``lower_ms`` (a lever only removes time), so the quantile is the matching
+    quantile of the candidates' new values: exact when all candidates are there, the sample's
+    estimate otherwise, and valid whenever it lands above ``lower_ms``; otherwise the full breakdown
+    is built and the quantile recomputed."""
     if attr is not None and not attr.complete and attr.view is not None and attr.lower_ms is not None:
-        n = attr.total
+        n, m = attr.total, attr.candidates
         h = q * (n - 1)
-        j = int(h)
-        frac = h - j
-        row = con.execute(f"SELECT count(*) FROM {src} WHERE value_ms > {attr.lower_ms!r}").fetchone()
-        m = int(row[0]) if row else 0
-        idx = m - (n - j)
-        if idx >= 0:
-            vals = [
-                float(r[0])
-                for r in con.execute(
-                    f"SELECT v FROM (SELECT {expr} AS v FROM {src} WHERE value_ms > {attr.lower_ms!r}) "
-                    f"ORDER BY v LIMIT 2 OFFSET {idx}"
-                ).fetchall()
-            ]
-            if vals and vals[0] > attr.lower_ms:
-                v1 = vals[1] if len(vals) > 1 else vals[0]
-                return round(vals[0] + frac * (v1 - vals[0]), 3)
+        idx = h - (n - m)  # position of the quantile among the m candidates (0-based, fractional)
+        if idx >= 0 and m > 0:
+            pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
+            row = con.execute(
+                f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
+            ).fetchone()
+            if row and row[0] is not None and float(row[0]) > attr.lower_ms:
+                return round(float(row[0]), 3)
         build_breakdown(con, attr.view)  # the lever moves the quantile below the candidates: go full
-        attr.complete = True
+        attr.complete, attr.extra = True, None
     row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
     return None if row is None or row[0] is None else round(float(row[0]), 3)
 
@@ -152,8 +145,8 @@ def _rho(ev: dict[str, Any]) -> float:
 
 
 def _with_requests(cols: str) -> str:
-    """``ss_breakdown`` joined with per-request attributes ``cols`` (one row per trace)."""
-    return f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, {cols} FROM requests GROUP BY trace_id) USING (trace_id)"
+    """``ss_breakdown`` with columns ``cols`` computed from its per-request attributes."""
+    return f"(SELECT *, {cols} FROM {BREAKDOWN})"
 
 
 def executor_model(
@@ -164,19 +157,26 @@ def executor_model(
     comp = attr.columns.get(N.STAGE_COMPUTE)
     if comp is None:
         return None
+    # the SLO's requests: all of them, not the breakdown's sample (a sample would see few of each
+    # batch's members and overstate the executor time per request)
+    reqs = (
+        "ss_req"
+        if attr.complete
+        else f"(SELECT trace_id FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
+    )
     row = con.execute(
         f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN ss_req r USING (trace_id) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
+                       SEMI JOIN {reqs} r USING (trace_id) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
-               (SELECT max(k) FROM conc), (SELECT count(*) FROM ss_req WHERE trace_id IN
+               (SELECT max(k) FROM conc), (SELECT count(DISTINCT trace_id) FROM {reqs} WHERE trace_id IN
                                            (SELECT trace_id FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
     busy_ms, mean_b, var_b, conc, served = row
-    arr = Q.arrivals(con, view.name, scale_ms=float(busy_ms) / float(served))
+    arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(served))
     return {
         "executors": float(max(1, int(conc or 1))),
         "service_ms": float(busy_ms) / float(served),
@@ -212,7 +212,7 @@ def _offload(
     if row is None or row[0] is None:
         return None
     service_ms = max(float(row[0]), 1e-3)
-    arr = Q.arrivals(con, view.name, scale_ms=service_ms)
+    arr = Q.arrivals(con, view.arrivals, scale_ms=service_ms)
     if arr.rate_per_s <= 0:
         return None
     a = arr.rate_per_s * service_ms / 1000.0
@@ -250,11 +250,11 @@ def _cap_batch_wait(
 ) -> tuple[float | None, str]:
     cap = batch_wait_cap_ms(ev)
     comp = attr.columns.get(N.STAGE_COMPUTE)
-    arr = Q.arrivals(con, view.name)
+    arr = Q.arrivals(con, view.arrivals)
     slope = None
     if comp is not None:
         row = con.execute(
-            f"SELECT regr_slope(coalesce({comp}, 0), batch) FROM {_with_requests('any_value(batch_size) AS batch')}"
+            f"SELECT regr_slope(coalesce({comp}, 0), batch) FROM {_with_requests('batch_size AS batch')}"
         ).fetchone()
         slope = row[0] if row and row[0] is not None and row[0] > 0 else None
     new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
@@ -267,7 +267,7 @@ def _cap_batch_wait(
         note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
     pred = _q(
         con,
-        _with_requests("any_value(batch_size) AS batch"),
+        _with_requests("batch_size AS batch"),
         f"value_ms - greatest({col} - {cap!r}, 0) - {shrink}",
         view.slo.quantile,
         attr,
@@ -283,8 +283,8 @@ def _prewarm(
     the quantile of the unaffected requests."""
     if not attr.complete and attr.view is not None:
         build_breakdown(con, attr.view)
-        attr.complete = True
-    src = f"(SELECT * FROM {_with_requests('bool_or(cold_start) AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+        attr.complete, attr.extra = True, None
+    src = f"(SELECT * FROM {_with_requests('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
     row = con.execute(f"SELECT count(*) FROM {src}").fetchone()
     if not row or not row[0]:
         return None, "every request waited for a model load: nothing to compare with"
@@ -416,7 +416,7 @@ def _chunked_prefill(
     carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
     the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
     cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
-    src = _with_requests("any_value(input_tokens) AS tokens, any_value(itl_mean_ms) AS itl")
+    src = _with_requests("input_tokens AS tokens, itl_mean_ms AS itl")
     row = con.execute(
         f"""WITH b AS (SELECT floor(log2(greatest(tokens, 1))) AS k, avg(tokens) AS t,
                               quantile_cont({col}, 0.1) AS p FROM {src} WHERE tokens IS NOT NULL GROUP BY 1)

@@ -63,24 +63,26 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
     base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
-    if view.per_request:  # the breakdown holds tail and baseline (or their sample) already
-        flags = f"SELECT trace_id, ({tail}) AS is_tail, ({base}) AS is_base FROM {BREAKDOWN}"
+    if view.per_request:  # the breakdown holds tail and baseline (or their sample) and their attributes
+        r = f"""SELECT input_hash, cold_start, batch_size, queue_depth, ({tail}) AS is_tail, ({base}) AS is_base
+                FROM {BREAKDOWN}"""
     else:
         flags = (
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
+        r = f"""SELECT q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
+                FROM requests q JOIN ({flags}) f USING (trace_id)
+                WHERE {view.request_filter.replace("status_code", "q.status_code")}"""
     row = con.execute(
-        f"""WITH r AS (SELECT q.trace_id, q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
-                       FROM requests q JOIN ({flags}) f USING (trace_id)
-                       WHERE {view.request_filter.replace("status_code", "q.status_code")}),
-            h AS (SELECT input_hash, count(*) AS c FROM requests
-                  WHERE {view.request_filter} AND input_hash IN (SELECT input_hash FROM r) GROUP BY 1),
-            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h USING (input_hash))
+        f"""WITH r AS ({r}),
+            h AS (SELECT hash(input_hash) AS hh, count(*) AS c FROM requests
+                  WHERE {view.request_filter} AND hash(input_hash) IN (SELECT hash(input_hash) FROM r) GROUP BY 1),
+            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h ON h.hh = hash(r.input_hash))
         SELECT avg(repeated::INT) FILTER (WHERE is_tail AND input_hash IS NOT NULL),
                avg(repeated::INT) FILTER (WHERE is_base AND input_hash IS NOT NULL),
                avg(cold_start::INT) FILTER (WHERE is_tail), avg(cold_start::INT) FILTER (WHERE is_base),
                avg(batch_size) FILTER (WHERE is_tail), avg(batch_size) FILTER (WHERE is_base),
-               (SELECT max(batch_size) FROM requests WHERE {view.request_filter}),
+               (SELECT max(batch_size) FROM {view.name}),
                avg(queue_depth) FILTER (WHERE is_tail), avg(queue_depth) FILTER (WHERE is_base),
                (SELECT count(*) FROM requests WHERE {view.request_filter})
         FROM rr"""

@@ -93,7 +93,8 @@ class Arrivals:
 
 
 def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None = None) -> Arrivals:
-    """Arrival statistics of the requests in ``view`` (columns ``trace_id``, ``start_unix_ns``).
+    """Arrival statistics of the requests in ``view`` (a relation with one ``start_unix_ns`` row per
+    request, such as :attr:`~stagescope.analysis.breach.SLIView.arrivals`).
 
     ``ca2`` is the squared coefficient of variation of the inter-arrival gaps; with ``scale_ms`` it is
     instead the index of dispersion of arrival counts in windows of that length (variance / mean of
@@ -101,7 +102,7 @@ def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None =
     which is what a queue feels (gap CV2 over-weights near-simultaneous sends)."""
     row = con.execute(
         f"""WITH s AS (SELECT start_unix_ns - lag(start_unix_ns) OVER (ORDER BY start_unix_ns) AS gap
-                       FROM (SELECT DISTINCT trace_id, start_unix_ns FROM {view}))
+                       FROM {view})
             SELECT count(*) + 1, avg(gap), var_pop(gap) FROM s WHERE gap IS NOT NULL"""
     ).fetchone()
     if row is None or not row[1]:
@@ -111,7 +112,7 @@ def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None =
     if scale_ms is not None and scale_ms > 0:
         w = max(1, int(scale_ms * 1e6))
         idc = con.execute(
-            f"""WITH a AS (SELECT DISTINCT trace_id, start_unix_ns FROM {view}),
+            f"""WITH a AS (SELECT start_unix_ns FROM {view}),
                      b AS (SELECT (start_unix_ns - (SELECT min(start_unix_ns) FROM a)) // {w} AS k, count(*) AS c
                            FROM a GROUP BY 1),
                      f AS (SELECT coalesce(b.c, 0) AS c FROM range((SELECT max(k) + 1 FROM b)) r(k)

@@ -7,14 +7,16 @@ relations as Parquet. Then, each in a fresh subprocess so peak memory is the ana
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
-  ratio (goal <= 10x), and beside a ``GROUP BY trace_id`` (the per-request key the verdict must read);
+  ratio (goal <= 10x), and beside a ``GROUP BY trace_id`` (the per-request key the verdict must read).
+  Each of the three runs ``--repeat`` times, interleaved, each run on a fresh connection in one warm
+  process; the medians are compared;
 * **peak memory** (the verdict process's own high-water RSS, ``VmHWM``; goal <= 2 GB);
 * **OTLP/JSON ingest rate**: ``load_dataset`` (the ingest part) over OTLP/JSON lines of
   ``--otlp-requests`` requests written by ``stagescope.analysis.synth`` (goal >= 200,000 spans/s).
 
 The machine is shared, so figures vary from run to run; compare ratios.
 
-    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--json]
+    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--repeat 3] [--json]
 """
 
 from __future__ import annotations
@@ -90,29 +92,48 @@ def peak_mb():  # VmHWM: this process's own high-water RSS (ru_maxrss would incl
 _VERDICT_CHILD = (
     _PEAK
     + r"""
-import json, sys, time
+import json, statistics, sys, time
 import duckdb
-out = sys.argv[1]
-t = time.perf_counter()
-con = duckdb.connect()
-con.execute("SET memory_limit = '1500MB'")
-con.execute(f"SELECT stage, count(*), avg(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY stage").fetchall()
-plain = time.perf_counter() - t
-t = time.perf_counter()
-con.execute(f"SELECT count(*) FROM (SELECT trace_id, sum(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY trace_id)").fetchall()
-by_trace = time.perf_counter() - t
-con.close()
 from stagescope.analysis.api import analyze
-t = time.perf_counter()
-con = duckdb.connect()
-con.execute("SET memory_limit = '1500MB'")
-for rel in ("requests", "stages"):
-    con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet('{out}/{rel}.parquet')")
-con.execute("CREATE TABLE token_gaps (trace_id VARCHAR, gap_ms DOUBLE)")
-con.execute("CREATE TABLE metric_samples (metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT, source VARCHAR)")
-rep = analyze(con, "p99<300ms")
-verdict = time.perf_counter() - t
-print(json.dumps({"plain_groupby_s": plain, "by_trace_groupby_s": by_trace, "verdict_s": verdict, "verdict": rep["verdict"],
+out, reps = sys.argv[1], int(sys.argv[2])
+
+def fresh():
+    con = duckdb.connect()
+    con.execute("SET memory_limit = '1500MB'")
+    return con
+
+def plain():
+    con = fresh()
+    con.execute(f"SELECT stage, count(*), avg(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY stage").fetchall()
+    con.close()
+
+def by_trace():
+    con = fresh()
+    con.execute(f"SELECT count(*) FROM (SELECT trace_id, sum(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY trace_id)").fetchall()
+    con.close()
+
+def verdict():
+    con = fresh()
+    for rel in ("requests", "stages"):
+        con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet('{out}/{rel}.parquet')")
+    con.execute("CREATE TABLE token_gaps (trace_id VARCHAR, gap_ms DOUBLE)")
+    con.execute("CREATE TABLE metric_samples (metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT, source VARCHAR)")
+    rep = analyze(con, "p99<300ms")
+    con.close()
+    return rep
+
+duckdb.connect().execute("SELECT 1").fetchall()  # load the library before any timing
+times = {"plain": [], "by_trace": [], "verdict": []}
+for _ in range(reps):  # interleaved, each on a fresh connection, so drift hits all three alike
+    for name, fn in (("plain", plain), ("by_trace", by_trace), ("verdict", verdict)):
+        t = time.perf_counter()
+        got = fn()
+        times[name].append(time.perf_counter() - t)
+        if got is not None:
+            rep = got
+med = {k: statistics.median(v) for k, v in times.items()}
+print(json.dumps({"plain_groupby_s": med["plain"], "by_trace_groupby_s": med["by_trace"], "verdict_s": med["verdict"],
+                  "runs": times, "verdict": rep["verdict"],
                   "p99_ms": rep["latency_ms"]["p99"], "predicted_p99_ms": rep["levers"][0]["predicted_p99_ms"],
                   "requests": rep["requests"], "max_rss_mb": peak_mb()}))
 """
@@ -166,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--otlp-requests", type=int, default=25_000)
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each query (median reported)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stagescope-bench-") as tmp:
         out = Path(tmp)
         built = build(out, args.requests)
-        verdict = _child(_VERDICT_CHILD, str(out))
+        verdict = _child(_VERDICT_CHILD, str(out), str(args.repeat))
         path, spans = write_otlp(out, args.otlp_requests)
         ingest = _child(_INGEST_CHILD, str(path), str(spans))
     res = {"requests": args.requests, **built, **verdict, "ingest": ingest}

@@ -9,7 +9,9 @@ import pytest
 from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
 from stagescope.analysis.api import analyze
+from stagescope.analysis.synth_scenarios import SCENARIOS as S_SCENARIOS
 from stagescope.analysis.synth_scenarios import Scenario, SynthData, to_tables
+from stagescope.analysis.synth_scenarios import generate as S_generate
 from stagescope.slo import parse_slo
 
 T0 = 1_764_460_800 * 10**9
@@ -142,3 +144,41 @@ def test_slo_file_picks_the_slo_matching_the_data(tmp_path) -> None:  # type: ig
     rep = analyze(con, str(slo))
     assert rep["slo"]["name"] == "predict" and rep["breached"]
     assert any("gen" in w for w in rep["warnings"])
+
+
+SAMPLED = [n for n, sc in S_SCENARIOS.items() if sc.stage is not None and sc.route == "/v1/predict"]
+
+
+@pytest.mark.parametrize("name", SAMPLED)
+def test_large_input_subset_and_sample_agree_with_the_full_breakdown(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large inputs break down the tail candidates and a baseline sample (and, past a limit, a sample
+    of the candidates): the verdict, the tail counts and the slowest traces must not change, and the
+    predicted quantile only by the sample's error. Here the limits are lowered to reach those paths."""
+    data = S_generate(name, 6000, seed=5)
+    con = duckdb.connect()
+    to_tables(con, data)
+    full = analyze(con, data.scenario.slo)
+    monkeypatch.setattr(A, "FULL_BREAKDOWN_LIMIT", 1000)
+    monkeypatch.setattr(A, "BASELINE_SAMPLE", 800)
+    subset = analyze(con, data.scenario.slo)  # every candidate, a baseline sample
+    monkeypatch.setattr(A, "CANDIDATE_SAMPLE", 400)
+    sampled = analyze(con, data.scenario.slo)  # a sample of the candidates too
+    for rep in (subset, sampled):
+        assert rep["verdict"] == full["verdict"], (name, rep["attribution"][:2])
+        assert rep["tail"]["tail_samples"] == full["tail"]["tail_samples"]
+        assert rep["tail"]["baseline_samples"] == full["tail"]["baseline_samples"]
+        assert [s["trace_id"] for s in rep["slowest"]] == [s["trace_id"] for s in full["slowest"]]
+        top = full["attribution"][0]
+        assert rep["attribution"][0]["stage"] == top["stage"]
+        assert rep["attribution"][0]["share"] == pytest.approx(top["share"], abs=0.1)
+    got, want = sampled["levers"][0]["predicted_p99_ms"], full["levers"][0]["predicted_p99_ms"]
+    assert got == pytest.approx(want, rel=0.05), (name, got, want)
+    # the sampled path was taken: fewer rows broken down than requests, the slowest kept apart
+    ev = B.evaluate(con, parse_slo(data.scenario.slo)[0])
+    qs = ev["quantiles"]
+    attr = A.attribute(con, ev["view"], ev["breached"], qs["q"], qs["p50"])
+    assert not attr.complete and attr.extra is not None and attr.candidates > 400
+    rows = con.execute(f"SELECT count(*) FROM {A.BREAKDOWN}").fetchone()
+    assert rows is not None and rows[0] < 400 + 800 + 100
