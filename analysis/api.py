@@ -293,7 +293,7 @@ def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any
 
 def frames(dataset: Any) -> dict[str, Any]:
     """Polars frames of the latest analysis on this connection: ``breakdown`` (per request: stage
-    columns in ms and the request's batch size, queue depth, cold start, input hash, prompt tokens;
+    columns in ms and the request's batch size, queue depth, cold start, prompt tokens;
     call after :func:`analyze`; on large inputs the analysed sample), ``requests``, ``stages`` and
     ``metric_samples`` (as loaded)."""
     con = connection(dataset)

@@ -97,7 +97,6 @@ REQUEST_ATTRIBUTES = {
     "batch_size": "any_value(batch_size)",
     "queue_depth": "any_value(queue_depth)",
     "cold_start": "bool_or(cold_start)",
-    "input_hash": "any_value(input_hash)",
     "input_tokens": "any_value(input_tokens)",
     "itl_mean_ms": "any_value(itl_mean_ms)",
 }

@@ -51,9 +51,9 @@ def sql_str(value: str) -> str:
 @dataclass
 class SLIView:
     """The samples of one SLO as a temp table ``name`` with columns ``start_unix_ns``, ``value_ms``
-    (and, per sample, ``network_ms`` = client minus server time for ``e2e``, the request's
-    ``queue_depth`` and ``batch_size``); ``per_request`` is False for inter-token gaps (several samples
-    per request), whose table also has the ``trace_id`` of each gap's stream."""
+    and, per sample, the request's ``queue_depth``, ``batch_size`` and ``cold_start``; ``per_request``
+    is False for inter-token gaps (several samples per request), whose table also has the
+    ``trace_id`` of each gap's stream."""
 
     slo: SLO
     name: str
@@ -100,8 +100,10 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
         per_request = False
     else:  # pragma: no cover - SLO validates its sli
         raise UserError(f"unknown SLI {slo.sli!r}")
-    net = network_expr(slo)
-    extra = f"{net} AS network_ms, CAST(queue_depth AS DOUBLE) AS queue_depth, CAST(batch_size AS DOUBLE) AS batch_size"
+    extra = (
+        "CAST(queue_depth AS DOUBLE) AS queue_depth, CAST(batch_size AS DOUBLE) AS batch_size, "
+        "CAST(cold_start AS BOOLEAN) AS cold_start"
+    )
     # materialized once: every later step (quantiles, windows, arrivals) reads this, not the inputs.
     # Per-request samples carry no trace id (the widest column by far); the breakdown reads the trace
     # ids of the requests it breaks down from ``requests`` (see attribution.build_breakdown)

@@ -63,30 +63,29 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
     base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
-    if view.per_request:  # the breakdown holds tail and baseline (or their sample) and their attributes
-        r = f"""SELECT input_hash, cold_start, batch_size, queue_depth, ({tail}) AS is_tail, ({base}) AS is_base
-                FROM {BREAKDOWN}"""
+    row: tuple[Any, ...] | None
+    if view.per_request:
+        row = _per_request_facts(con, view, tail, base)
     else:
         flags = (
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
-        r = f"""SELECT q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
-                FROM requests q JOIN ({flags}) f USING (trace_id)
-                WHERE {view.request_filter.replace("status_code", "q.status_code")}"""
-    row = con.execute(
-        f"""WITH r AS ({r}),
-            h AS (SELECT hash(input_hash) AS hh, count(*) AS c FROM requests
-                  WHERE {view.request_filter} AND hash(input_hash) IN (SELECT hash(input_hash) FROM r) GROUP BY 1),
-            rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h ON h.hh = hash(r.input_hash))
-        SELECT avg(repeated::INT) FILTER (WHERE is_tail AND input_hash IS NOT NULL),
-               avg(repeated::INT) FILTER (WHERE is_base AND input_hash IS NOT NULL),
-               avg(cold_start::INT) FILTER (WHERE is_tail), avg(cold_start::INT) FILTER (WHERE is_base),
-               avg(batch_size) FILTER (WHERE is_tail), avg(batch_size) FILTER (WHERE is_base),
-               (SELECT max(batch_size) FROM {view.name}),
-               avg(queue_depth) FILTER (WHERE is_tail), avg(queue_depth) FILTER (WHERE is_base),
-               (SELECT count(*) FROM requests WHERE {view.request_filter})
-        FROM rr"""
-    ).fetchone()
+        row = con.execute(
+            f"""WITH r AS (SELECT q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
+                           FROM requests q JOIN ({flags}) f USING (trace_id)
+                           WHERE {view.request_filter.replace("status_code", "q.status_code")}),
+                h AS (SELECT hash(input_hash) AS hh, count(*) AS c FROM requests
+                      WHERE {view.request_filter} AND hash(input_hash) IN (SELECT hash(input_hash) FROM r) GROUP BY 1),
+                rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h ON h.hh = hash(r.input_hash))
+            SELECT avg(repeated::INT) FILTER (WHERE is_tail AND input_hash IS NOT NULL),
+                   avg(repeated::INT) FILTER (WHERE is_base AND input_hash IS NOT NULL),
+                   avg(cold_start::INT) FILTER (WHERE is_tail), avg(cold_start::INT) FILTER (WHERE is_base),
+                   avg(batch_size) FILTER (WHERE is_tail), avg(batch_size) FILTER (WHERE is_base),
+                   (SELECT max(batch_size) FROM {view.name}),
+                   avg(queue_depth) FILTER (WHERE is_tail), avg(queue_depth) FILTER (WHERE is_base),
+                   (SELECT count(*) FROM requests WHERE {view.request_filter})
+            FROM rr"""
+        ).fetchone()
     assert row is not None
     keys = [
         "repeated_hash_share_tail", "repeated_hash_share_baseline", "cold_start_share_tail",
@@ -121,6 +120,33 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
         ev["batch_slope_ms"], ev["batch_intercept_ms"], ev["batch_r2"] = (_f(v) for v in fit)
     ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
     return ev
+
+
+def _per_request_facts(
+    con: duckdb.DuckDBPyConnection, view: SLIView, tail: str, base: str
+) -> tuple[Any, ...]:
+    """The request-level evidence of a per-request SLI over every sample (not the breakdown's sample),
+    in the order :func:`gather` reads it."""
+    repeated = con.execute(
+        f"""WITH r AS (SELECT hash(input_hash) AS hh, ({tail}) AS is_tail, ({base}) AS is_base
+                       FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, input_hash FROM requests
+                             WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL AND input_hash IS NOT NULL)),
+                h AS (SELECT count(*) AS c, count(*) FILTER (WHERE is_tail) AS t, count(*) FILTER (WHERE is_base) AS b
+                      FROM r GROUP BY hh)
+            SELECT sum(t) FILTER (WHERE c >= 2) / nullif(sum(t), 0), sum(b) FILTER (WHERE c >= 2) / nullif(sum(b), 0)
+            FROM h"""
+    ).fetchone()
+    facts = con.execute(
+        f"""SELECT avg(cold_start::INT) FILTER (WHERE {tail}), avg(cold_start::INT) FILTER (WHERE {base}),
+                   avg(batch_size) FILTER (WHERE {tail}), avg(batch_size) FILTER (WHERE {base}), max(batch_size),
+                   avg(queue_depth) FILTER (WHERE {tail}), avg(queue_depth) FILTER (WHERE {base}),
+                   (SELECT count(*) FROM requests WHERE {view.request_filter})
+            FROM {view.name}"""
+    ).fetchone()
+    assert repeated is not None and facts is not None
+    # a share of no tail request with an input hash is unknown, not zero
+    shares = tuple(None if v is None else float(v) for v in repeated)
+    return (*shares, *facts)
 
 
 def _stage_quantiles(
