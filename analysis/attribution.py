@@ -24,11 +24,11 @@ its part of the summed positive excess (negative excess shares 0).
 For inter-token SLOs the samples are gaps, all of them decode time: the excess is the tail gaps' mean
 minus the baseline gaps' mean and goes to ``decode``; the evidence (running batch) is in levers.
 
-Large inputs (over :data:`FULL_BREAKDOWN_LIMIT` samples): only the requests that matter are broken
-down: the tail candidates (everything above ``lower``, see :func:`_subset`; past
-:data:`CANDIDATE_SAMPLE` of them a uniform sample) and a :data:`BASELINE_SAMPLE` sample of the
-baseline, both drawn by a hash of the arrival time, which is independent of latency. Stage means are
-then sample means; tail and baseline counts and mean latencies are always over every sample.
+Large inputs (over :data:`FULL_BREAKDOWN_LIMIT` samples): a stratified sample is broken down (see
+:func:`_subset`): the tail candidates (all of them up to :data:`CANDIDATE_SAMPLE`), the baseline and
+the requests between them, each drawn by a hash of the arrival time, which is independent of
+latency, and weighted by stratum (``Attribution.weight``). Stage means are then sample means; tail
+and baseline counts and mean latencies are always over every sample.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class Attribution:
     #: A table with the slowest requests left out of a sampled breakdown (for the report's list of
     #: slowest traces; never in the estimates), or None.
     extra: str | None = None
+    #: SQL: how many samples each ``ss_breakdown`` row stands for (its stratum's samples over the
+    #: stratum's rows in the breakdown); None when the breakdown is complete.
+    weight: str | None = None
 
     @property
     def top(self) -> str | None:
@@ -273,6 +276,7 @@ def attribute(
             f"CREATE OR REPLACE TEMP TABLE {extra} AS SELECT * FROM {BREAKDOWN} WHERE NOT ({sub.sampled})"
         )
         con.execute(f"DELETE FROM {BREAKDOWN} WHERE NOT ({sub.sampled})")
+    weight = _weights(con, sub) if sub is not None else None
     parts = dict(cols)
     parts[UNATTRIBUTED] = UNATTRIBUTED
     has_net = con.execute(f"SELECT count(network) FROM {BREAKDOWN}").fetchone()
@@ -311,6 +315,7 @@ def attribute(
         view,
         sub.candidates if sub else 0,
         extra,
+        weight,
     )
 
 
@@ -320,6 +325,9 @@ FULL_BREAKDOWN_LIMIT = 200_000
 BASELINE_SAMPLE = 50_000
 #: Tail candidates kept in the breakdown on large inputs; above it a uniform sample of them.
 CANDIDATE_SAMPLE = 40_000
+#: Requests between the baseline and the candidates kept in the breakdown on large inputs (a sample):
+#: they carry a counterfactual quantile that a lever moves below the candidates.
+MIDDLE_SAMPLE = 20_000
 #: The slowest requests always broken down (the report lists them), in or out of the sample.
 KEEP_SLOWEST = 15
 
@@ -327,46 +335,65 @@ KEEP_SLOWEST = 15
 @dataclass(frozen=True)
 class Subset:
     """Which requests a large input's breakdown covers: ``condition`` (SQL on ``value_ms`` and
-    ``start_unix_ns``) = the ``sampled`` ones plus, when ``forced``, the slowest few."""
+    ``start_unix_ns``) = the ``sampled`` ones plus, when ``forced``, the slowest few. ``strata`` are
+    (condition, number of samples in it) of the three disjoint strata the sample is drawn from."""
 
     condition: str
     sampled: str
     lower: float
     candidates: int
     forced: bool
+    strata: tuple[tuple[str, int], ...]
 
 
 def _subset(
     con: duckdb.DuckDBPyConnection, view: SLIView, base: str, q_ms: float | None, p50_ms: float | None
 ) -> Subset | None:
-    """On large inputs: the requests above ``lower`` (the tail and everything that could be in the SLO
-    quantile's neighbourhood: below the threshold, the SLO quantile and the ``1 - 10 * budget``
-    quantile), a uniform sample of them when there are more than :data:`CANDIDATE_SAMPLE`, plus a
-    sample of the baseline. Samples are drawn by a hash of the arrival time, which is independent of
-    latency, so means over them are unbiased; counterfactual quantiles are the matching quantiles of
-    the candidates (see counterfactual)."""
+    """On large inputs, a sample in three strata: the tail candidates (everything above ``lower``:
+    the tail and everything that could be in the SLO quantile's neighbourhood: below the threshold,
+    the SLO quantile and the ``1 - 10 * budget`` quantile), all of them up to
+    :data:`CANDIDATE_SAMPLE`, the baseline (:data:`BASELINE_SAMPLE`) and the requests between them
+    (:data:`MIDDLE_SAMPLE`). Each is drawn by a hash of the arrival time, which is independent of
+    latency, so means over a stratum are unbiased; counterfactual quantiles are the matching quantile
+    of the candidates, or a quantile weighted by stratum (see counterfactual)."""
     if view.count <= FULL_BREAKDOWN_LIMIT:
         return None
     q = view.slo.quantile
     q_low = max(0.5, 1.0 - 10.0 * (1.0 - q))
-    row = con.execute(
-        f"SELECT quantile_cont(value_ms, {q_low}), count(*) FILTER (WHERE {base}) FROM {view.name}"
-    ).fetchone()
+    row = con.execute(f"SELECT quantile_cont(value_ms, {q_low}) FROM {view.name}").fetchone()
     assert row is not None
     lower = min(
         view.slo.threshold_ms, float(q_ms if q_ms is not None else view.slo.threshold_ms), float(row[0])
     )
-    crow = con.execute(f"SELECT count(*) FILTER (WHERE value_ms > {lower!r}) FROM {view.name}").fetchone()
-    candidates = int(crow[0]) if crow else 0
+    cand, middle = f"value_ms > {lower!r}", f"value_ms <= {lower!r} AND NOT ({base})"
+    counts = con.execute(
+        f"SELECT count(*) FILTER (WHERE {cand}), count(*) FILTER (WHERE {base}), count(*) FILTER (WHERE {middle}) "
+        f"FROM {view.name}"
+    ).fetchone()
+    assert counts is not None
+    strata = ((cand, int(counts[0])), (base, int(counts[1])), (middle, int(counts[2])))
     rank = uniform_rank_sql("start_unix_ns")
-    base_rate = min(1.0, BASELINE_SAMPLE / max(int(row[1]), 1))
-    cand_rate = min(1.0, CANDIDATE_SAMPLE / max(candidates, 1))
-    cand = f"value_ms > {lower!r}" + (f" AND {rank} < {cand_rate!r}" if cand_rate < 1.0 else "")
-    sampled = f"({cand}) OR (({base}) AND {rank} < {base_rate!r})"
-    if cand_rate >= 1.0:
-        return Subset(sampled, sampled, lower, candidates, False)
+    parts = []
+    for (cond, n), limit in zip(strata, (CANDIDATE_SAMPLE, BASELINE_SAMPLE, MIDDLE_SAMPLE), strict=True):
+        rate = min(1.0, limit / max(n, 1))
+        parts.append(f"({cond})" + (f" AND {rank} < {rate!r}" if rate < 1.0 else ""))
+    sampled = " OR ".join(f"({p})" for p in parts)
+    candidates = strata[0][1]
+    if candidates <= CANDIDATE_SAMPLE:
+        return Subset(sampled, sampled, lower, candidates, False, strata)
     top = con.execute(
         f"SELECT min(value_ms) FROM (SELECT value_ms FROM {view.name} ORDER BY value_ms DESC LIMIT {KEEP_SLOWEST})"
     ).fetchone()
     forced = f"value_ms >= {float(top[0])!r}" if top and top[0] is not None else "false"
-    return Subset(f"{sampled} OR {forced}", sampled, lower, candidates, True)
+    return Subset(f"{sampled} OR {forced}", sampled, lower, candidates, True, strata)
+
+
+def _weights(con: duckdb.DuckDBPyConnection, sub: Subset) -> str:
+    """SQL for the number of samples each breakdown row stands for: its stratum's samples over the
+    stratum's rows in the breakdown, so each stratum weighs exactly as many samples as it has."""
+    got = con.execute(
+        "SELECT " + ", ".join(f"count(*) FILTER (WHERE {c})" for c, _ in sub.strata) + f" FROM {BREAKDOWN}"
+    ).fetchone()
+    assert got is not None
+    whens = " ".join(f"WHEN {c} THEN {n / k!r}" for (c, n), k in zip(sub.strata, got, strict=True) if k)
+    return f"(CASE {whens} ELSE 0.0 END)" if whens else "1.0"

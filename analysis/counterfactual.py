@@ -52,10 +52,16 @@ import duckdb
 
 from stagescope import names as N
 from stagescope.analysis import queueing as Q
-from stagescope.analysis.attribution import BREAKDOWN, Attribution, build_breakdown
+from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 
-__all__ = ["LEVER_SPEEDUP", "batch_wait_cap_ms", "lever_prediction", "stage_counterfactuals"]
+__all__ = [
+    "LEVER_SPEEDUP",
+    "batch_wait_cap_ms",
+    "lever_prediction",
+    "stage_counterfactuals",
+    "weighted_quantile",
+]
 
 #: Assumed compute speed-up factor of per-request-cost levers (new time = factor * old time).
 LEVER_SPEEDUP: dict[str, float] = {N.LEVER_QUANTIZE: 0.5, N.LEVER_COMPILE_RUNTIME: 0.7}
@@ -71,29 +77,56 @@ _CAP_TO_BASELINE: dict[str, str] = {
 
 
 def _q(
-    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, attr: Attribution | None = None
+    con: duckdb.DuckDBPyConnection,
+    src: str,
+    expr: str,
+    q: float,
+    attr: Attribution | None = None,
+    *,
+    part: bool = False,
 ) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src``. When ``attr`` says the breakdown holds only the
-    candidates above ``lower_ms`` (large inputs; all of them or a uniform sample), every other request
-    stays at or below ``lower_ms`` (a lever only removes time), so the quantile is the matching
-    quantile of the candidates' new values: exact when all candidates are there, the sample's
-    estimate otherwise, and valid whenever it lands above ``lower_ms``; otherwise the full breakdown
-    is built and the quantile recomputed."""
-    if attr is not None and not attr.complete and attr.view is not None and attr.lower_ms is not None:
-        n, m = attr.total, attr.candidates
-        h = q * (n - 1)
-        idx = h - (n - m)  # position of the quantile among the m candidates (0-based, fractional)
-        if idx >= 0 and m > 0:
-            pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
-            row = con.execute(
-                f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
-            ).fetchone()
-            if row and row[0] is not None and float(row[0]) > attr.lower_ms:
-                return round(float(row[0]), 3)
-        build_breakdown(con, attr.view)  # the lever moves the quantile below the candidates: go full
-        attr.complete, attr.extra = True, None
+    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it).
+
+    When ``attr`` says the breakdown is a sample (large inputs), every request outside the
+    candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
+    breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
+    exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
+    weighted by stratum (:func:`weighted_quantile`)."""
+    if attr is not None and attr.weight is not None:
+        if not part and attr.lower_ms is not None and attr.candidates > 0:
+            n, m = attr.total, attr.candidates
+            idx = q * (n - 1) - (n - m)  # position of the quantile among the m candidates (fractional)
+            if idx >= 0:
+                pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
+                row = con.execute(
+                    f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
+                ).fetchone()
+                if row and row[0] is not None and float(row[0]) > attr.lower_ms:
+                    return round(float(row[0]), 3)
+        return weighted_quantile(con, src, expr, q, attr.weight)
     row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
     return None if row is None or row[0] is None else round(float(row[0]), 3)
+
+
+def weighted_quantile(
+    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, weight: str
+) -> float | None:
+    """Quantile ``q`` of ``expr`` over ``src`` where each row stands for ``weight`` samples (SQL):
+    linear interpolation between the samples at ranks ``floor(h)`` and ``floor(h) + 1``,
+    ``h = q * (total weight - 1)``; with every weight 1 it is ``quantile_cont``."""
+    row = con.execute(
+        f"""WITH v AS (SELECT {expr} AS v, {weight} AS w FROM {src}),
+                 k AS (SELECT v, w FROM v WHERE v IS NOT NULL AND w > 0),
+                 t AS (SELECT {q!r} * (sum(w) - 1) AS h FROM k),
+                 c AS (SELECT v, sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0 FROM k)
+            SELECT max(c.v) FILTER (WHERE c.r0 <= floor(t.h)), max(c.v) FILTER (WHERE c.r0 <= floor(t.h) + 1),
+                   any_value(t.h - floor(t.h))
+            FROM c, t"""
+    ).fetchone()
+    if row is None or row[0] is None:
+        return None
+    lo, hi, frac = float(row[0]), float(row[1] if row[1] is not None else row[0]), float(row[2] or 0.0)
+    return round(lo + frac * (hi - lo), 3)
 
 
 def _base_q(ev: dict[str, Any], stage: str) -> float:
@@ -208,10 +241,10 @@ def _scale_out(
 def _offload(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
 ) -> tuple[float | None, str] | None:
-    row = con.execute(f"SELECT quantile_cont({col}, 0.05) FROM {BREAKDOWN}").fetchone()
-    if row is None or row[0] is None:
+    p5 = _q(con, BREAKDOWN, col, 0.05, attr, part=True)
+    if p5 is None:
         return None
-    service_ms = max(float(row[0]), 1e-3)
+    service_ms = max(p5, 1e-3)
     arr = Q.arrivals(con, view.arrivals, scale_ms=service_ms)
     if arr.rate_per_s <= 0:
         return None
@@ -281,14 +314,14 @@ def _prewarm(
     """Prewarm: the requests that waited for a model load (and ran in the oversized batches of the
     backlog behind it) are served like the requests that did not, so the quantile after the lever is
     the quantile of the unaffected requests."""
-    if not attr.complete and attr.view is not None:
-        build_breakdown(con, attr.view)
-        attr.complete, attr.extra = True, None
     src = f"(SELECT * FROM {_with_requests('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
     row = con.execute(f"SELECT count(*) FROM {src}").fetchone()
     if not row or not row[0]:
         return None, "every request waited for a model load: nothing to compare with"
-    return _q(con, src, "value_ms", q), "requests that waited for a model load served like those that did not"
+    return (
+        _q(con, src, "value_ms", q, attr, part=True),
+        "requests that waited for a model load served like those that did not",
+    )
 
 
 def lever_prediction(

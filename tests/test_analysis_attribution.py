@@ -162,6 +162,7 @@ def test_large_input_subset_and_sample_agree_with_the_full_breakdown(
     full = analyze(con, data.scenario.slo)
     monkeypatch.setattr(A, "FULL_BREAKDOWN_LIMIT", 1000)
     monkeypatch.setattr(A, "BASELINE_SAMPLE", 800)
+    monkeypatch.setattr(A, "MIDDLE_SAMPLE", 400)
     subset = analyze(con, data.scenario.slo)  # every candidate, a baseline sample
     monkeypatch.setattr(A, "CANDIDATE_SAMPLE", 400)
     sampled = analyze(con, data.scenario.slo)  # a sample of the candidates too
@@ -181,4 +182,26 @@ def test_large_input_subset_and_sample_agree_with_the_full_breakdown(
     attr = A.attribute(con, ev["view"], ev["breached"], qs["q"], qs["p50"])
     assert not attr.complete and attr.extra is not None and attr.candidates > 400
     rows = con.execute(f"SELECT count(*) FROM {A.BREAKDOWN}").fetchone()
-    assert rows is not None and rows[0] < 400 + 800 + 100
+    assert rows is not None and rows[0] < 400 + 800 + 400 + 100
+    # each stratum weighs as many samples as it has, so the weights add up to every sample
+    total = con.execute(f"SELECT sum({attr.weight}) FROM {A.BREAKDOWN}").fetchone()
+    assert total is not None and total[0] == pytest.approx(6000)
+
+
+def test_weighted_quantile_is_quantile_cont_with_unit_weights_and_counts_weights() -> None:
+    from stagescope.analysis.counterfactual import weighted_quantile
+
+    con = duckdb.connect()
+    rng = np.random.default_rng(3)
+    con.execute("CREATE TABLE t (v DOUBLE, w DOUBLE)")
+    vals = rng.lognormal(3, 1, 501)
+    con.executemany("INSERT INTO t VALUES (?, 1.0)", [[float(v)] for v in vals])
+    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+        want = con.execute(f"SELECT quantile_cont(v, {q}) FROM t").fetchone()[0]  # type: ignore[index]
+        assert weighted_quantile(con, "t", "v", q, "w") == pytest.approx(want, abs=1e-3)
+    # a row of weight 3 counts like three rows of weight 1
+    con.execute("CREATE TABLE u AS SELECT v, 3.0 AS w FROM t UNION ALL SELECT v + 1000, 1.0 FROM t")
+    con.execute("CREATE TABLE x AS SELECT v FROM t, range(3) UNION ALL SELECT v + 1000 FROM t")
+    for q in (0.3, 0.75, 0.9):
+        want = con.execute(f"SELECT quantile_cont(v, {q}) FROM x").fetchone()[0]  # type: ignore[index]
+        assert weighted_quantile(con, "u", "v", q, "w") == pytest.approx(want, abs=1e-3)
