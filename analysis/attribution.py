@@ -94,22 +94,19 @@ def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
 
-#: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (evidence and lever models
-#: read them there instead of joining ``requests`` again).
-REQUEST_ATTRIBUTES = {
-    "batch_size": "any_value(batch_size)",
-    "queue_depth": "any_value(queue_depth)",
-    "cold_start": "bool_or(cold_start)",
-    "input_tokens": "any_value(input_tokens)",
-    "itl_mean_ms": "any_value(itl_mean_ms)",
-}
+#: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (lever models read them
+#: there instead of joining ``requests`` again).
+REQUEST_ATTRIBUTES = ("batch_size", "queue_depth", "cold_start", "input_tokens", "itl_mean_ms")
 
 
 def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None) -> None:
-    """Create ``ss_req``: one row per trace of the requests to break down, read from ``requests``
-    (the SLI table holds no trace ids): trace id and its integer key ``tk``, SLI interval ``t0``-``t1``
-    (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`. Two server requests of one trace
-    share their stage spans, so they become one row (the earliest start, the largest value)."""
+    """Create ``ss_req``: one row per request to break down, read from ``requests`` (the SLI table
+    holds no trace ids): trace id, an integer key ``tk`` (hash of trace id and start), SLI interval
+    ``t0``-``t1`` (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`.
+
+    Stage spans are joined to the requests of their trace and clipped to each one's interval, so
+    the requests of one trace that follow each other (a client's retries) are broken down apart;
+    requests of one trace that run at the same time share the stage time they overlap."""
     net = network_expr(view.slo)
     src = (
         f"SELECT trace_id, start_unix_ns, CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, "
@@ -118,20 +115,11 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
     where = f"WHERE {subset}" if subset else ""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_id, hash(trace_id) AS tk, start_unix_ns AS t0, value_ms,
+        SELECT trace_id, hash(trace_id, start_unix_ns) AS tk, start_unix_ns AS t0, value_ms,
                start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
                {", ".join(REQUEST_ATTRIBUTES)}
         FROM ({src}) {where}"""
     )
-    row = con.execute("SELECT count(*) - count(DISTINCT tk) FROM ss_req").fetchone()
-    if row and row[0]:  # several requests in one trace: one row per trace
-        attrs = ", ".join(f"{agg} AS {c}" for c, agg in REQUEST_ATTRIBUTES.items())
-        con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-            SELECT trace_id, any_value(tk) AS tk, min(t0) AS t0, max(value_ms) AS value_ms,
-                   min(t0) + CAST(round(max(value_ms) * 1e6) AS BIGINT) AS t1, max(network) AS network, {attrs}
-            FROM ss_req GROUP BY trace_id"""
-        )
 
 
 def build_breakdown(
@@ -149,7 +137,7 @@ def build_breakdown(
         else "NULL::INTEGER"
     )
     k_of = {c: i for i, c in enumerate(cols.values())}
-    # integer keys (``tk`` = hash of the trace id, ``k`` = stage index) keep the group-bys cheap
+    # integer keys (``tk`` per request, ``k`` = stage index) keep the group-bys cheap
     _requests_sql(con, view, subset)
     # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``)
     con.execute(

@@ -203,7 +203,7 @@ def executor_model(
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
-               (SELECT max(k) FROM conc), (SELECT count(DISTINCT trace_id) FROM {reqs} WHERE trace_id IN
+               (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE trace_id IN
                                            (SELECT trace_id FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
@@ -378,14 +378,15 @@ def lever_prediction(
             or "0"
         )
         con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE ss_hits AS SELECT trace_id FROM (
-                SELECT trace_id, row_number() OVER (PARTITION BY input_hash ORDER BY start_unix_ns) AS k
+            f"""CREATE OR REPLACE TEMP TABLE ss_hits AS SELECT trace_id, start_unix_ns FROM (
+                SELECT trace_id, start_unix_ns, row_number() OVER (PARTITION BY input_hash ORDER BY start_unix_ns) AS k
                 FROM requests WHERE {view.request_filter} AND input_hash IS NOT NULL) WHERE k > 1"""
         )
         return (
             _q(
                 con,
-                f"{BREAKDOWN} LEFT JOIN (SELECT trace_id, true AS hit FROM ss_hits) USING (trace_id)",
+                f"{BREAKDOWN} LEFT JOIN (SELECT DISTINCT trace_id, start_unix_ns, true AS hit FROM ss_hits) "
+                "USING (trace_id, start_unix_ns)",
                 f"value_ms - CASE WHEN hit THEN {saved} ELSE 0 END",
                 q,
                 attr,

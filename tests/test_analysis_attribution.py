@@ -92,6 +92,30 @@ def test_ttft_attributes_only_time_before_the_first_token() -> None:
     assert not bd["x"].get("decode")  # after the first token: not part of TTFT
 
 
+def test_requests_of_one_trace_one_after_the_other_are_broken_down_apart() -> None:
+    """A client retry keeps its trace: the slow first attempt and the fast retry are two samples,
+    each with its own stages (stage offsets below are relative to the last request of the trace)."""
+    con = _con(
+        [
+            {"trace_id": "r", "start_ms": 0, "duration_ms": 400.0},
+            {"trace_id": "r", "start_ms": 500, "duration_ms": 50.0},
+        ],
+        [
+            ("r", "feature_fetch", -500, -120), ("r", "compute", -120, -100),  # first attempt: 0-400 ms
+            ("r", "feature_fetch", 0, 5), ("r", "compute", 5, 45),  # the retry: 500-550 ms
+        ],
+    )  # fmt: skip
+    view = B.sli_view(con, parse_slo("p99<300ms")[0])
+    cols = A.build_breakdown(con, view)
+    rows = con.execute(
+        f"SELECT value_ms, {cols['feature_fetch']}, {cols['compute']}, unattributed FROM {A.BREAKDOWN} ORDER BY 1"
+    ).fetchall()
+    assert rows == [
+        pytest.approx((50.0, 5.0, 40.0, 5.0)),
+        pytest.approx((400.0, 380.0, 20.0, 0.0)),
+    ]
+
+
 def _minutes(con: duckdb.DuckDBPyConnection) -> list[dict]:  # type: ignore[type-arg]
     view = B.sli_view(con, parse_slo("p99<300ms")[0])
     return B.windows(con, view, "1m")
