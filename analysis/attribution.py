@@ -59,10 +59,8 @@ class Attribution:
     columns: dict[str, str] = field(default_factory=dict)
     tail_mean_ms: float | None = None
     baseline_mean_ms: float | None = None
-    #: False when ``ss_breakdown`` holds only the tail candidates (``value_ms > lower_ms``, all of them
-    #: or a uniform sample) and a sample of the baseline (large inputs); ``total`` is then the number
-    #: of samples in the SLI view and ``candidates`` the number of them above ``lower_ms``.
-    complete: bool = True
+    #: On large inputs ``ss_breakdown`` is a stratified sample (see :func:`_subset`): ``total`` is then
+    #: the number of samples in the SLI view and ``candidates`` the number of them above ``lower_ms``.
     lower_ms: float | None = None
     total: int = 0
     view: SLIView | None = None
@@ -73,6 +71,11 @@ class Attribution:
     #: SQL: how many samples each ``ss_breakdown`` row stands for (its stratum's samples over the
     #: stratum's rows in the breakdown); None when the breakdown is complete.
     weight: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``ss_breakdown`` holds every sample (not a stratified sample of them)."""
+        return self.weight is None
 
     @property
     def top(self) -> str | None:
@@ -297,7 +300,6 @@ def attribute(
         cols,
         tm,
         bm,
-        sub is None,
         sub.lower if sub else None,
         view.count,
         view,
@@ -329,9 +331,13 @@ class Subset:
     condition: str
     sampled: str
     lower: float
-    candidates: int
     forced: bool
     strata: tuple[tuple[str, int], ...]
+
+    @property
+    def candidates(self) -> int:
+        """Samples above ``lower`` (the first stratum)."""
+        return self.strata[0][1]
 
 
 def _subset(
@@ -366,14 +372,13 @@ def _subset(
         rate = min(1.0, limit / max(n, 1))
         parts.append(f"({cond})" + (f" AND {rank} < {rate!r}" if rate < 1.0 else ""))
     sampled = " OR ".join(f"({p})" for p in parts)
-    candidates = strata[0][1]
-    if candidates <= CANDIDATE_SAMPLE:
-        return Subset(sampled, sampled, lower, candidates, False, strata)
+    if strata[0][1] <= CANDIDATE_SAMPLE:
+        return Subset(sampled, sampled, lower, False, strata)
     top = con.execute(
         f"SELECT min(value_ms) FROM (SELECT value_ms FROM {view.name} ORDER BY value_ms DESC LIMIT {KEEP_SLOWEST})"
     ).fetchone()
     forced = f"value_ms >= {float(top[0])!r}" if top and top[0] is not None else "false"
-    return Subset(f"{sampled} OR {forced}", sampled, lower, candidates, True, strata)
+    return Subset(f"{sampled} OR {forced}", sampled, lower, True, strata)
 
 
 def _weights(con: duckdb.DuckDBPyConnection, sub: Subset) -> str:
