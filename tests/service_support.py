@@ -110,12 +110,17 @@ def serve(
         yield served
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            interrupt(proc)
+
+
+def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    """Stop a server process as Ctrl-C would (SIGINT, so it flushes), killing it after ``timeout_s``."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from service_support import interrupt
 
 from stagescope import names
 
@@ -82,12 +82,7 @@ def test_two_uvicorn_workers_both_export_spans(tmp_path: Path) -> None:
         assert servers == served
         assert stages == Counter({pid: 2 * n for pid, n in served.items()})
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        interrupt(proc)
     # nothing is written twice or lost at shutdown
     assert _server_spans_by_pid(spans_dir)[0] == served
     assert {f.name.split("-")[1] for f in spans_dir.glob("spans-*.jsonl")} == {str(p) for p in served}

@@ -4,7 +4,6 @@ whichever worker serves the scrape."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from service_support import interrupt
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.slow
@@ -81,9 +81,4 @@ def test_two_workers_aggregate_metrics(tmp_path: Path) -> None:
             assert s[("stagescope_inflight_requests", ())] == 0
         assert len(list(mp_dir.glob("*.db"))) >= 2  # both workers wrote their values there
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc)
