@@ -4,11 +4,11 @@ Per request we first split the SLI's interval (arrival to last byte for ``e2e``,
 token for ``ttft``) into stages along the **critical path**, then compare requests in the tail with a
 baseline of normal requests.
 
-Per-request split (table ``ss_breakdown``, one row per trace, milliseconds):
+Per-request split (table ``ss_breakdown``, one row per request, milliseconds):
 
 * every stage span is clipped to the SLI interval ``[start, start + value]`` (for TTFT only the stages
   before the first token count: queue, prefill, feature fetch ...);
-* fast path: when a trace's clipped stage spans are disjoint (each stage once, and their total not
+* fast path: when a request's clipped stage spans are disjoint (each stage once, and their total not
   above the interval) a stage's time is the sum of its spans;
 * otherwise (parallel fetches, overlapping stages) the interval is cut at every span boundary and each
   elementary segment goes to the covering stage that **ends last**: the one the request was still
@@ -131,8 +131,7 @@ def build_breakdown(
     """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
 
     ``subset`` (a condition on ``value_ms`` and ``start_unix_ns``) limits the requests broken down;
-    the verdict uses it on large inputs to break down the tail candidates and a sample of the
-    baseline only (see :func:`attribute`)."""
+    the verdict uses it on large inputs to break down a stratified sample (see :func:`_subset`)."""
     cols = stage_columns(con)
     case = (
         "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
@@ -150,8 +149,8 @@ def build_breakdown(
         FROM stages s JOIN ss_req r USING (trace_id)
         WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     )
-    # Fast path. Per (trace, stage): spans that share a common point (parallel fetches: max start <=
-    # min end) form one block, whose length is the stage's time; otherwise ``u`` is NULL. A trace whose
+    # Fast path. Per (request, stage): spans that share a common point (parallel fetches: max start <=
+    # min end) form one block, whose length is the stage's time; otherwise ``u`` is NULL. A request whose
     # stages are all single blocks and sum to at most the interval needs no sweep.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
@@ -163,7 +162,7 @@ def build_breakdown(
                count(*) - count(u) AS blocks_overlap, sum(u) AS total
         FROM per GROUP BY tk"""
     )
-    # a trace needs the sweep when a stage's spans form more than one block or its stages sum above
+    # a request needs the sweep when a stage's spans form more than one block or its stages sum above
     # the interval (overlapping stages)
     con.execute(
         """CREATE OR REPLACE TEMP TABLE ss_fast AS
@@ -309,7 +308,7 @@ def attribute(
     )
 
 
-#: Above this many samples the breakdown covers the tail candidates and a baseline sample only.
+#: Above this many samples the breakdown covers a stratified sample (see :func:`_subset`).
 FULL_BREAKDOWN_LIMIT = 200_000
 #: Baseline requests kept in the breakdown on large inputs (a deterministic hash sample).
 BASELINE_SAMPLE = 50_000

@@ -190,13 +190,9 @@ def executor_model(
     comp = attr.columns.get(N.STAGE_COMPUTE)
     if comp is None:
         return None
-    # the SLO's requests: all of them, not the breakdown's sample (a sample would see few of each
-    # batch's members and overstate the executor time per request)
-    reqs = (
-        "ss_req"
-        if attr.complete
-        else f"(SELECT trace_id FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
-    )
+    # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
+    # few of each batch's members and overstate the executor time per request)
+    reqs = f"(SELECT trace_id FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
     row = con.execute(
         f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
                        SEMI JOIN {reqs} r USING (trace_id) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
