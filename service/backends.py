@@ -262,6 +262,20 @@ def _input_rows(items: Sequence[PredictItem], width: int, dtype: Any) -> np.ndar
         v[:n] = it.x[:n]
         rows.append(np.tile(v, (max(1, it.units), 1)))
     return np.concatenate(rows)
+
+
+def _item_answers(logits: np.ndarray, items: Sequence[PredictItem]) -> list[np.ndarray]:
+    """Each item's answer from the batch's output rows (laid out as :func:`_input_rows` stacked
+    them): the mean of its ``units`` rows, expanded by :func:`_answer`."""
+    out = []
+    k = 0
+    for it in items:
+        u = max(1, it.units)
+        out.append(_answer(logits[k : k + u].mean(axis=0), it.response_dim, it.seed))
+        k += u
+    return out
+
+
 class NumpyBackend:
     """A real MLP on the CPU: each work unit is one row through ``model_dim``-wide layers."""
 
@@ -297,14 +311,7 @@ class NumpyBackend:
         h = np.maximum(h @ w0, 0)
         h = np.maximum(h @ w1, 0)
         h = np.maximum(h @ w2, 0)
-        logits = h @ w3
-        out = []
-        k = 0
-        for it in items:
-            u = max(1, it.units)
-            out.append(_answer(logits[k : k + u].mean(axis=0), it.response_dim, it.seed))
-            k += u
-        return out
+        return _item_answers(h @ w3, items)
 
     async def run_batch(self, items: list[PredictItem]) -> list[np.ndarray]:
         return await asyncio.to_thread(self._forward, items)
@@ -351,13 +358,7 @@ class TorchBackend(NumpyBackend):
                 end.synchronize()
                 self.last_gpu_ms = float(start.elapsed_time(end))
             lg = logits.float().cpu().numpy()
-        out = []
-        k = 0
-        for it in items:
-            u = max(1, it.units)
-            out.append(_answer(lg[k : k + u].mean(axis=0), it.response_dim, it.seed))
-            k += u
-        return out
+        return _item_answers(lg, items)
 
 
 def make_backend(settings: Settings, accel: SimulatedAccelerator | None = None) -> Backend:
