@@ -192,7 +192,7 @@ def _analyze(
     if view.count == 0:
         warns.append(f"no samples for SLO {chosen.spec}: nothing to analyse")
         return report
-    attr = A.attribute(con, view, breached, qs["q"], qs["p50"])
+    attr = A.attribute(con, view, breached, qs)
     if attr.baseline_n == 0:
         warns.append(
             "no baseline requests (every sample is over the threshold): excess is measured against nothing"

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "SLIView",
     "evaluate",
+    "neighbourhood_quantile",
     "network_expr",
     "quantiles",
     "resolve_slos",
@@ -141,12 +142,20 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
     return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings)
 
 
+def neighbourhood_quantile(q: float) -> float:
+    """The quantile where the neighbourhood of the SLO quantile ``q`` starts: ten times its error
+    budget below it, and not below the median (0.9 for a p99, 0.5 for a p95)."""
+    return max(0.5, 1.0 - 10.0 * (1.0 - q))
+
+
 def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float | None]:
-    """p50, p95, p99 and the SLO's own quantile (key ``"q"``) of the samples, in milliseconds."""
+    """p50, p95, p99, the SLO's own quantile (key ``"q"``) and its :func:`neighbourhood_quantile`
+    (key ``"near"``) of the samples, in milliseconds (one pass)."""
     q = view.slo.quantile
-    row = con.execute(f"SELECT quantile_cont(value_ms, [0.5, 0.95, 0.99, {q}]) FROM {view.name}").fetchone()
-    vals = row[0] if row and row[0] is not None else [None] * 4
-    return {"p50": vals[0], "p95": vals[1], "p99": vals[2], "q": vals[3]}
+    levels = [0.5, 0.95, 0.99, q, neighbourhood_quantile(q)]
+    row = con.execute(f"SELECT quantile_cont(value_ms, {levels}) FROM {view.name}").fetchone()
+    vals = row[0] if row and row[0] is not None else [None] * len(levels)
+    return dict(zip(("p50", "p95", "p99", "q", "near"), vals, strict=True))
 
 
 def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -186,12 +195,12 @@ def windows(
         f"""
         WITH s AS (
             SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, count(*) AS n,
-                   quantile_cont(value_ms, 0.5) AS p50, quantile_cont(value_ms, {q}) AS pq,
+                   quantile_cont(value_ms, [0.5, {q}]) AS qs,
                    avg(CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END) AS bad,
                    avg(queue_depth) AS qd, avg(batch_size) AS bs
             FROM {view.name} GROUP BY 1
         )
-        SELECT s.w, s.n, s.p50, s.pq, s.bad, s.qd, s.bs, {util_col}
+        SELECT s.w, s.n, s.qs[1], s.qs[2], s.bad, s.qd, s.bs, {util_col}
         FROM s {util_join} ORDER BY s.w
         """
     ).fetchall()
@@ -249,7 +258,7 @@ def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[
 def evaluate(con: duckdb.DuckDBPyConnection, slo: SLO, window: str = DEFAULT_WINDOW) -> dict[str, Any]:
     """Quantiles, breach flag and windows of one SLO (creates the temp view ``ss_sli``)."""
     view = sli_view(con, slo)
-    qs = quantiles(con, view) if view.count else {"p50": None, "p95": None, "p99": None, "q": None}
+    qs = quantiles(con, view) if view.count else dict.fromkeys(("p50", "p95", "p99", "q", "near"))
     breached = bool(qs["q"] is not None and qs["q"] > slo.threshold_ms)
     return {
         "view": view,

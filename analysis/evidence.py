@@ -34,6 +34,9 @@ from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
 
 __all__ = ["gather"]
 
+#: Least-squares fit of the SLI sample on its request's batch size (NULL pairs are skipped).
+_FIT = "regr_slope(value_ms, batch_size), regr_intercept(value_ms, batch_size), regr_r2(value_ms, batch_size)"
+
 
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
     row = con.execute(sql).fetchone()
@@ -64,9 +67,11 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
     row: tuple[Any, ...] | None
+    fit: tuple[Any, ...] | None
     if view.per_request:
-        row = _per_request_facts(con, view, tail, base)
+        row, fit = _per_request_facts(con, view, tail, base)
     else:
+        fit = con.execute(f"SELECT {_FIT} FROM {view.name}").fetchone()
         flags = (
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
@@ -111,11 +116,6 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     if _one(con, f"SELECT count(*) FROM ({msql})"):
         ev["running_tail"] = _asof_mean(con, msql, tail_keys)
         ev["running_baseline"] = _asof_mean(con, msql, base_keys)
-    fit = con.execute(
-        f"""SELECT regr_slope(value_ms, batch_size), regr_intercept(value_ms, batch_size),
-                   regr_r2(value_ms, batch_size)
-            FROM {view.name} WHERE batch_size IS NOT NULL"""
-    ).fetchone()
     if fit is not None:
         ev["batch_slope_ms"], ev["batch_intercept_ms"], ev["batch_r2"] = (_f(v) for v in fit)
     ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
@@ -124,9 +124,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
 
 def _per_request_facts(
     con: duckdb.DuckDBPyConnection, view: SLIView, tail: str, base: str
-) -> tuple[Any, ...]:
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The request-level evidence of a per-request SLI over every sample (not the breakdown's sample),
-    in the order :func:`gather` reads it."""
+    in the order :func:`gather` reads it, and the batch-size fit."""
     repeated = con.execute(
         f"""WITH r AS (SELECT hash(input_hash) AS hh, ({tail}) AS is_tail, ({base}) AS is_base
                        FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, input_hash FROM requests
@@ -140,13 +140,13 @@ def _per_request_facts(
         f"""SELECT avg(cold_start::INT) FILTER (WHERE {tail}), avg(cold_start::INT) FILTER (WHERE {base}),
                    avg(batch_size) FILTER (WHERE {tail}), avg(batch_size) FILTER (WHERE {base}), max(batch_size),
                    avg(queue_depth) FILTER (WHERE {tail}), avg(queue_depth) FILTER (WHERE {base}),
-                   (SELECT count(*) FROM requests WHERE {view.request_filter})
+                   (SELECT count(*) FROM requests WHERE {view.request_filter}), {_FIT}
             FROM {view.name}"""
     ).fetchone()
     assert repeated is not None and facts is not None
     # a share of no tail request with an input hash is unknown, not zero
     shares = tuple(None if v is None else float(v) for v in repeated)
-    return (*shares, *facts)
+    return (*shares, *facts[:-3]), facts[-3:]
 
 
 def _stage_quantiles(

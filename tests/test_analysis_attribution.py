@@ -203,7 +203,7 @@ def test_large_input_subset_and_sample_agree_with_the_full_breakdown(
     # the sampled path was taken: fewer rows broken down than requests, the slowest kept apart
     ev = B.evaluate(con, parse_slo(data.scenario.slo)[0])
     qs = ev["quantiles"]
-    attr = A.attribute(con, ev["view"], ev["breached"], qs["q"], qs["p50"])
+    attr = A.attribute(con, ev["view"], ev["breached"], qs)
     assert not attr.complete and attr.extra is not None and attr.candidates > 400
     rows = con.execute(f"SELECT count(*) FROM {A.BREAKDOWN}").fetchone()
     assert rows is not None and rows[0] < 400 + 800 + 400 + 100
