@@ -18,6 +18,7 @@ from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
+from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
 from stagescope.errors import UserError
 from stagescope.names import UNATTRIBUTED
@@ -123,20 +124,33 @@ def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attributio
         else f"(SELECT * FROM {A.BREAKDOWN} UNION ALL SELECT * FROM {attr.extra})"
     )
     rows = con.execute(
-        f"SELECT trace_id, start_unix_ns, value_ms, {sel} FROM {src} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
+        f"SELECT trace_ref, start_unix_ns, value_ms, {sel} FROM {src} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
     ).fetchall()
+    ids = _trace_ids(con, [(r[0], r[1]) for r in rows])
     out = []
     for r in rows:
         stages = {s: round(float(v), 3) for (s, _), v in zip(cols, r[3:], strict=True) if v}
         out.append(
             {
-                "trace_id": r[0],
+                "trace_id": ids.get((r[0], r[1])),
                 "start_unix_ms": int(r[1] // 1_000_000),
                 "value_ms": round(r[2], 3),
                 "stages": stages,
             }
         )
     return out
+
+
+def _trace_ids(con: duckdb.DuckDBPyConnection, refs: list[tuple[Any, int]]) -> dict[tuple[Any, int], str]:
+    """The trace ids of a few breakdown rows, by (``trace_ref``, ``start_unix_ns``): the breakdown
+    keeps the integer key only (see analysis.keys)."""
+    if not refs:
+        return {}
+    starts = ", ".join(str(int(t)) for _, t in refs)
+    rows = con.execute(
+        f"SELECT {K.trace_ref(con)}, start_unix_ns, trace_id FROM requests WHERE start_unix_ns IN ({starts})"
+    ).fetchall()
+    return {(ref, start): tid for ref, start, tid in rows}
 
 
 def analyze(
@@ -304,10 +318,15 @@ def frames(dataset: Any) -> dict[str, Any]:
             "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()"
         ).fetchall()
     }
-    for name in ("requests", "stages", "metric_samples", A.BREAKDOWN):
+    for name in ("requests", "stages", "metric_samples"):
         if name in tables:
             out[name] = con.sql(f"SELECT * FROM {name}").pl()
-    if A.BREAKDOWN in out:
+    if A.BREAKDOWN in tables:  # with each row's trace id (the table keeps the integer key only)
+        out[A.BREAKDOWN] = con.sql(
+            f"""SELECT r.trace_id, b.* EXCLUDE (trace_ref) FROM {A.BREAKDOWN} b LEFT JOIN
+                (SELECT {K.trace_ref(con)} AS trace_ref, start_unix_ns, any_value(trace_id) AS trace_id
+                 FROM requests GROUP BY ALL) r USING (trace_ref, start_unix_ns)"""
+        ).pl()
         try:
             cols = A.stage_columns(con)
         except duckdb.Error:

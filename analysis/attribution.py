@@ -39,6 +39,7 @@ from typing import Any
 import duckdb
 
 from stagescope.analysis.breach import SLIView, network_expr, sql_str
+from stagescope.analysis.keys import trace_ref
 from stagescope.analysis.queueing import uniform_rank_sql
 from stagescope.names import STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
 
@@ -104,21 +105,23 @@ REQUEST_ATTRIBUTES = ("batch_size", "queue_depth", "cold_start", "input_tokens",
 
 def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None) -> None:
     """Create ``ss_req``: one row per request to break down, read from ``requests`` (the SLI table
-    holds no trace ids): trace id, an integer key ``tk`` (hash of trace id and start), SLI interval
-    ``t0``-``t1`` (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`.
+    holds no trace ids): ``trace_ref`` (the request's ``trace_key``, or its trace id where the data
+    has no keys: see analysis.keys), an integer key ``tk`` (hash of trace_ref and start), SLI
+    interval ``t0``-``t1`` (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`.
 
     Stage spans are joined to the requests of their trace and clipped to each one's interval, so
     the requests of one trace that follow each other (a client's retries) are broken down apart;
     requests of one trace that run at the same time share the stage time they overlap."""
     net = network_expr(view.slo)
     src = (
-        f"SELECT trace_id, start_unix_ns, CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, "
-        f"{', '.join(REQUEST_ATTRIBUTES)} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
+        f"SELECT {trace_ref(con)} AS trace_ref, start_unix_ns, CAST({view.value_expr} AS DOUBLE) AS value_ms, "
+        f"{net} AS network_ms, {', '.join(REQUEST_ATTRIBUTES)} "
+        f"FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
     )
     where = f"WHERE {subset}" if subset else ""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_id, hash(trace_id, start_unix_ns) AS tk, start_unix_ns AS t0, value_ms,
+        SELECT trace_ref, hash(trace_ref, start_unix_ns) AS tk, start_unix_ns AS t0, value_ms,
                start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
                {", ".join(REQUEST_ATTRIBUTES)}
         FROM ({src}) {where}"""
@@ -146,7 +149,7 @@ def build_breakdown(
         f"""CREATE OR REPLACE TEMP TABLE ss_st AS
         SELECT r.tk, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
                r.t1 - r.t0 AS span
-        FROM stages s JOIN ss_req r USING (trace_id)
+        FROM stages s JOIN ss_req r ON s.{trace_ref(con)} = r.trace_ref
         WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     )
     # Fast path. Per (request, stage): spans that share a common point (parallel fetches: max start <=
@@ -193,7 +196,7 @@ def build_breakdown(
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
         WITH b AS (
-            SELECT r.trace_id, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network,
+            SELECT r.trace_ref, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network,
                    {", ".join(f"r.{c}" for c in REQUEST_ATTRIBUTES)}
             FROM ss_req r LEFT JOIN ss_fast f USING (tk) LEFT JOIN ss_sweep w USING (tk)
         )

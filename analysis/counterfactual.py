@@ -54,6 +54,7 @@ from stagescope import names as N
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.analysis.keys import input_ref, trace_ref
 
 __all__ = [
     "LEVER_SPEEDUP",
@@ -192,15 +193,16 @@ def executor_model(
         return None
     # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
     # few of each batch's members and overstate the executor time per request)
-    reqs = f"(SELECT trace_id FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
+    ref = trace_ref(con)
+    reqs = f"(SELECT {ref} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
     row = con.execute(
         f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN {reqs} r USING (trace_id) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
+                       SEMI JOIN {reqs} r USING ({ref}) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
-               (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE trace_id IN
-                                           (SELECT trace_id FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
+               (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE {ref} IN
+                                           (SELECT {ref} FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
@@ -225,7 +227,7 @@ def _scale_out(
     model = Q.QueueModel(c2, 1000.0 / m["service_ms"], m["lam_per_s"], m["ca2"], m["cs2"])
     if model.utilization >= 0.999:
         return None
-    wait = model.wait_ms_sql(Q.uniform_rank_sql())
+    wait = model.wait_ms_sql(Q.uniform_rank_sql("trace_ref"))
     pred = _q(con, BREAKDOWN, f"value_ms - {col} + {wait}", view.slo.quantile, attr)
     return pred, (
         f"executors {m['executors']:.0f} -> {c2}: queue wait of a G/G/{c2} queue (Allen-Cunneen) at "
@@ -253,7 +255,7 @@ def _offload(
     model = Q.QueueModel(fallback, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
     for k in range(max(2, int(a) + 1), fallback + 1):
         model = Q.QueueModel(k, 1000.0 / service_ms, arr.rate_per_s, arr.ca2, 0.25)
-        wait = model.wait_ms_sql(Q.uniform_rank_sql())
+        wait = model.wait_ms_sql(Q.uniform_rank_sql("trace_ref"))
         pred = _q(
             con,
             BREAKDOWN,
@@ -374,15 +376,17 @@ def lever_prediction(
             or "0"
         )
         con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE ss_hits AS SELECT trace_id, start_unix_ns FROM (
-                SELECT trace_id, start_unix_ns, row_number() OVER (PARTITION BY input_hash ORDER BY start_unix_ns) AS k
-                FROM requests WHERE {view.request_filter} AND input_hash IS NOT NULL) WHERE k > 1"""
+            f"""CREATE OR REPLACE TEMP TABLE ss_hits AS SELECT trace_ref, start_unix_ns FROM (
+                SELECT {trace_ref(con)} AS trace_ref, start_unix_ns,
+                       row_number() OVER (PARTITION BY hh ORDER BY start_unix_ns) AS k
+                FROM (SELECT *, {input_ref(con)} AS hh FROM requests WHERE {view.request_filter}) WHERE hh IS NOT NULL)
+            WHERE k > 1"""
         )
         return (
             _q(
                 con,
-                f"{BREAKDOWN} LEFT JOIN (SELECT DISTINCT trace_id, start_unix_ns, true AS hit FROM ss_hits) "
-                "USING (trace_id, start_unix_ns)",
+                f"{BREAKDOWN} LEFT JOIN (SELECT DISTINCT trace_ref, start_unix_ns, true AS hit FROM ss_hits) "
+                "USING (trace_ref, start_unix_ns)",
                 f"value_ms - CASE WHEN hit THEN {saved} ELSE 0 END",
                 q,
                 attr,

@@ -24,12 +24,14 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import duckdb
 
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
+from stagescope.analysis.keys import input_ref
 from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
 
 __all__ = ["gather"]
@@ -44,7 +46,10 @@ def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
 
 
 def _f(x: Any, nd: int = 3) -> float | None:
-    return None if x is None else round(float(x), nd)
+    """A rounded number, or None where there is none (NULL, or NaN: a fit on a constant batch size)."""
+    if x is None or math.isnan(float(x)):
+        return None
+    return round(float(x), nd)
 
 
 def _asof_mean(con: duckdb.DuckDBPyConnection, metric_sql: str, keys: str) -> float | None:
@@ -62,9 +67,13 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     """Collect the evidence for one analysed SLO (see the module docstring)."""
     tail, base = attr.tail_condition, attr.baseline_condition
     src = BREAKDOWN if view.per_request else view.name
-    # per-request keys of tail and baseline samples (gaps map to their stream)
-    tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
-    base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
+    # arrivals of the tail and baseline requests (gaps map to their stream's arrival)
+    if view.per_request:
+        tail_keys = f"SELECT start_unix_ns FROM {src} WHERE {tail}"
+        base_keys = f"SELECT start_unix_ns FROM {src} WHERE {base}"
+    else:
+        tail_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {tail}"
+        base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
     row: tuple[Any, ...] | None
     fit: tuple[Any, ...] | None
@@ -128,9 +137,10 @@ def _per_request_facts(
     """The request-level evidence of a per-request SLI over every sample (not the breakdown's sample),
     in the order :func:`gather` reads it, and the batch-size fit."""
     repeated = con.execute(
-        f"""WITH r AS (SELECT hash(input_hash) AS hh, ({tail}) AS is_tail, ({base}) AS is_base
-                       FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, input_hash FROM requests
-                             WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL AND input_hash IS NOT NULL)),
+        f"""WITH r AS (SELECT hh, ({tail}) AS is_tail, ({base}) AS is_base
+                       FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, {input_ref(con)} AS hh FROM requests
+                             WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)
+                       WHERE hh IS NOT NULL),
                 h AS (SELECT count(*) AS c, count(*) FILTER (WHERE is_tail) AS t, count(*) FILTER (WHERE is_base) AS b
                       FROM r GROUP BY hh)
             SELECT sum(t) FILTER (WHERE c >= 2) / nullif(sum(t), 0), sum(b) FILTER (WHERE c >= 2) / nullif(sum(b), 0)

@@ -78,7 +78,7 @@ class QueueModel:
         )
 
 
-def uniform_rank_sql(col: str = "trace_id") -> str:
+def uniform_rank_sql(col: str) -> str:
     """A deterministic pseudo-uniform rank in [0, 1) from a column (DuckDB ``hash``)."""
     return f"((hash({col}) % 1000003) / 1000003.0)"
 

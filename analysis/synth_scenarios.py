@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from stagescope import names as N
+from stagescope.analysis.keys import key_sql
 
 __all__ = ["SCENARIOS", "Scenario", "SynthData", "generate", "to_tables", "write_metrics", "write_otlp"]
 
@@ -274,9 +275,12 @@ _REQ_COLS: dict[str, str] = {
 }  # fmt: skip
 
 
-def to_tables(con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = "stagescope") -> None:
+def to_tables(
+    con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = "stagescope", keys: bool = True
+) -> None:
     """Create the pinned relations (``requests``, ``stages``, ``token_gaps``, ``metric_samples``,
-    ``client_results``) from ``data``, replacing existing ones."""
+    ``client_results``) from ``data``, replacing existing ones; with ``keys`` the integer keys the
+    ingest adds (analysis.keys), without them the pinned columns only."""
     r = dict(data.requests)
     n = len(r["trace_id"])
     r.setdefault("service", np.full(n, SERVICE))
@@ -285,12 +289,15 @@ def to_tables(con: duckdb.DuckDBPyConnection, data: SynthData, *, source: str = 
     r["source"] = np.full(n, source)
     sel = ", ".join(f"CAST({c if c in r else 'NULL'} AS {typ}) AS {c}" for c, typ in _REQ_COLS.items())
     con.register("req_tbl", pa.table({c: v for c, v in r.items()}))
-    con.execute(f"CREATE OR REPLACE TABLE requests AS SELECT {sel} FROM req_tbl")
+    req_keys = f", {key_sql('trace_id')} AS trace_key, {key_sql('input_hash')} AS input_key" if keys else ""
+    con.execute(f"CREATE OR REPLACE TABLE requests AS SELECT *{req_keys} FROM (SELECT {sel} FROM req_tbl)")
     con.register("st_tbl", pa.table(data.stages))
     con.execute(
         "CREATE OR REPLACE TABLE stages AS SELECT CAST(trace_id AS VARCHAR) trace_id, CAST(stage AS VARCHAR) stage, "
         "CAST(start_unix_ns AS BIGINT) start_unix_ns, CAST(end_unix_ns AS BIGINT) end_unix_ns, "
-        "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms FROM st_tbl"
+        "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms"
+        + (f", {key_sql('CAST(trace_id AS VARCHAR)')} AS trace_key" if keys else "")
+        + " FROM st_tbl"
     )
     gaps = data.gaps or {"trace_id": np.array([], dtype=str), "gap_ms": np.array([], dtype=float)}
     gap_tbl = pa.table(

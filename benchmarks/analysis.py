@@ -3,11 +3,13 @@
 Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 8 stage spans each
 (about 8 million stage rows; a slow feature store on 6 % of requests, with two parallel feature reads
 per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
-relations as Parquet. Then, each in a fresh subprocess so peak memory is the analysis's own:
+relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``input_key``: see
+analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand). Then, each in a fresh subprocess so peak memory is the analysis's own:
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
-  ratio (goal <= 10x), and beside a ``GROUP BY trace_id`` (the per-request key the verdict must read).
+  ratio (goal <= 10x), and beside a ``GROUP BY trace_key`` (``trace_id`` with ``--no-keys``: the key
+  the verdict joins stage rows to their requests on).
   Each of the three runs ``--repeat`` times, interleaved, each run on a fresh connection in one warm
   process; the medians are compared;
 * **peak memory** (the verdict process's own high-water RSS, ``VmHWM``; goal <= 2 GB);
@@ -16,7 +18,7 @@ relations as Parquet. Then, each in a fresh subprocess so peak memory is the ana
 
 The machine is shared, so figures vary from run to run; compare ratios.
 
-    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--repeat 3] [--json]
+    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--repeat 3] [--no-keys] [--json]
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ WITH u AS (
               sqrt(-2 * ln(greatest(u4, 1e-12))) * cos(2 * pi() * u5) AS z3
     FROM u
 )
-SELECT i, md5(i::VARCHAR) AS trace_id, {t0} + i * {step_ns} AS s0,
+SELECT i, md5(i::VARCHAR) AS trace_id, md5_number_lower(md5(i::VARCHAR)) AS trace_key, {t0} + i * {step_ns} AS s0,
        4 * exp(0.3 * z1) + CASE WHEN u6 < 0.06 THEN 350 + 350 * u7 ELSE 0 END AS ff,
        0.3 + 0.7 * u8 AS ff2_share, 3 * exp(0.3 * z2) AS pre, 5 * u9 AS bw,
        -2 * ln(greatest(u10, 1e-12)) AS q, 20 * exp(0.15 * z3) AS comp, 1.0 + u11 AS post, 1.0 + u11 / 2 AS eg,
        CAST(8 + floor(u9 * 9) AS BIGINT) AS batch, CAST(floor(-3 * ln(greatest(u10, 1e-12))) AS BIGINT) AS qd,
-       md5((i % 400000)::VARCHAR) AS h
+       md5((i % 400000)::VARCHAR) AS h, md5_number_lower(md5((i % 400000)::VARCHAR)) AS input_key
 FROM z;
 COPY (
     SELECT trace_id, substr(trace_id, 1, 16) AS span_id, 'synthetic-service' AS service, 'POST /v1/predict' AS name,
@@ -58,17 +60,17 @@ COPY (
            NULL::DOUBLE AS itl_mean_ms, NULL::DOUBLE AS itl_p99_ms, NULL::DOUBLE AS itl_max_ms,
            NULL::BIGINT AS input_tokens, NULL::BIGINT AS output_tokens, batch AS batch_size, qd AS queue_depth,
            h AS input_hash, false AS cold_start, ff + pre + bw + q + comp + post + eg + 1.8 AS client_duration_ms,
-           'stagescope' AS source
+           'stagescope' AS source{req_keys}
     FROM r
 ) TO '{out}/requests.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
 COPY (
     WITH b AS (
-        SELECT trace_id, s0, ff, ff2_share, pre, bw, q, comp, post, eg,
+        SELECT trace_id, trace_key, s0, ff, ff2_share, pre, bw, q, comp, post, eg,
                ff AS c1, ff + pre AS c2, ff + pre + bw AS c3, ff + pre + bw + q AS c4,
                ff + pre + bw + q + comp AS c5, ff + pre + bw + q + comp + post AS c6
         FROM r
     ), x AS (
-        SELECT trace_id, s0,
+        SELECT trace_id, trace_key, s0,
                unnest(['feature_fetch', 'feature_fetch', 'preprocess', 'batch_wait', 'queue', 'compute',
                        'postprocess', 'egress']) AS stage,
                unnest([0, 0, c1, c2, c3, c4, c5, c6]) AS a_ms,
@@ -76,7 +78,7 @@ COPY (
         FROM b
     )
     SELECT trace_id, stage, s0 + CAST(a_ms * 1e6 AS BIGINT) AS start_unix_ns, s0 + CAST(b_ms * 1e6 AS BIGINT) AS end_unix_ns,
-           b_ms - a_ms AS duration_ms
+           b_ms - a_ms AS duration_ms{st_keys}
     FROM x
 ) TO '{out}/stages.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
 """
@@ -95,7 +97,7 @@ _VERDICT_CHILD = (
 import json, statistics, sys, time
 import duckdb
 from stagescope.analysis.api import analyze
-out, reps = sys.argv[1], int(sys.argv[2])
+out, reps, key = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 def fresh():
     con = duckdb.connect()
@@ -109,7 +111,7 @@ def plain():
 
 def by_trace():
     con = fresh()
-    con.execute(f"SELECT count(*) FROM (SELECT trace_id, sum(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY trace_id)").fetchall()
+    con.execute(f"SELECT count(*) FROM (SELECT {key}, sum(duration_ms) FROM read_parquet('{out}/stages.parquet') GROUP BY {key})").fetchall()
     con.close()
 
 def verdict():
@@ -155,14 +157,15 @@ print(json.dumps({"ingest_s": dt, "spans": spans, "requests": n, "spans_per_s": 
 )
 
 
-def build(out: Path, n: int) -> dict[str, Any]:
+def build(out: Path, n: int, keys: bool = True) -> dict[str, Any]:
     import duckdb
 
     t = time.perf_counter()
     con = duckdb.connect()
     con.execute("SELECT setseed(0.42)")
     step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
-    con.execute(_GEN_SQL.format(n=n, t0=T0_NS, step_ns=step_ns, out=out))
+    req_keys, st_keys = (", trace_key, input_key", ", trace_key") if keys else ("", "")
+    con.execute(_GEN_SQL.format(n=n, t0=T0_NS, step_ns=step_ns, out=out, req_keys=req_keys, st_keys=st_keys))
     rows = con.execute(f"SELECT count(*) FROM read_parquet('{out}/stages.parquet')").fetchone()
     con.close()
     return {"build_s": time.perf_counter() - t, "stage_rows": int(rows[0]) if rows else 0}
@@ -188,12 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--otlp-requests", type=int, default=25_000)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each query (median reported)")
+    ap.add_argument("--no-keys", action="store_true", help="write the relations without the integer keys")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stagescope-bench-") as tmp:
         out = Path(tmp)
-        built = build(out, args.requests)
-        verdict = _child(_VERDICT_CHILD, str(out), str(args.repeat))
+        built = build(out, args.requests, keys=not args.no_keys)
+        verdict = _child(_VERDICT_CHILD, str(out), str(args.repeat), "trace_id" if args.no_keys else "trace_key")
         path, spans = write_otlp(out, args.otlp_requests)
         ingest = _child(_INGEST_CHILD, str(path), str(spans))
     res = {"requests": args.requests, **built, **verdict, "ingest": ingest}
@@ -202,13 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res, indent=2))
         return 0
     print(f"synthetic incident: {args.requests:,} requests, {built['stage_rows']:,} stage rows "
-          f"(built in {built['build_s']:.1f} s)")  # fmt: skip
+          f"(built in {built['build_s']:.1f} s; {'no integer keys' if args.no_keys else 'with the integer keys the ingest writes'})")  # fmt: skip
     print(f"verdict from Parquet      {verdict['verdict_s']:6.2f} s   (goal <= 3 s)   verdict {verdict['verdict']}, "
           f"p99 {verdict['p99_ms']:.0f} ms -> predicted {verdict['predicted_p99_ms']:.0f} ms")  # fmt: skip
     print(f"DuckDB plain GROUP BY     {verdict['plain_groupby_s']:6.2f} s   "
           f"ratio {res['verdict_vs_groupby']:.1f}x (goal <= 10x)")  # fmt: skip
-    print(f"DuckDB GROUP BY trace_id  {verdict['by_trace_groupby_s']:6.2f} s   "
-          f"ratio {verdict['verdict_s'] / verdict['by_trace_groupby_s']:.1f}x (the per-request key the verdict must join on)")  # fmt: skip
+    print(f"DuckDB GROUP BY {'trace_id ' if args.no_keys else 'trace_key'} {verdict['by_trace_groupby_s']:6.2f} s   "
+          f"ratio {verdict['verdict_s'] / verdict['by_trace_groupby_s']:.1f}x (the key the verdict joins stage rows to requests on)")  # fmt: skip
     print(f"peak memory (verdict)     {verdict['max_rss_mb']:6.0f} MB  (goal <= 2048 MB)")
     print(f"OTLP/JSON ingest          {ingest['spans_per_s']:8,.0f} spans/s ({ingest['spans']:,} spans in "
           f"{ingest['ingest_s']:.2f} s; goal >= 200,000/s), peak {ingest['max_rss_mb']:.0f} MB")  # fmt: skip

@@ -8,7 +8,9 @@ import pytest
 
 from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
-from stagescope.analysis.api import analyze
+from stagescope.analysis.api import analyze, frames
+from stagescope.analysis.keys import trace_ref
+from stagescope.analysis.report import to_json
 from stagescope.analysis.synth_scenarios import SCENARIOS as S_SCENARIOS
 from stagescope.analysis.synth_scenarios import Scenario, SynthData, to_tables
 from stagescope.analysis.synth_scenarios import generate as S_generate
@@ -42,15 +44,9 @@ def _con(
 def _breakdown(con: duckdb.DuckDBPyConnection, spec: str = "p99<300ms") -> dict[str, dict[str, float]]:
     view = B.sli_view(con, parse_slo(spec)[0])
     cols = A.build_breakdown(con, view)
-    names = {c: s for s, c in cols.items()}
-    rel = con.sql(f"SELECT * FROM {A.BREAKDOWN}")
-    out = {}
-    for row in rel.fetchall():
-        d = dict(zip(rel.columns, row, strict=True))
-        out[d["trace_id"]] = {
-            names.get(k, k): v for k, v in d.items() if k in names or k in ("unattributed", "network")
-        }
-    return out
+    frame = frames(con)[A.BREAKDOWN]  # stage names as columns, and each row's trace id
+    keep = {*cols, "unattributed", "network"}
+    return {d["trace_id"]: {k: v for k, v in d.items() if k in keep} for d in frame.to_dicts()}
 
 
 def test_critical_path_handles_parallel_and_overlapping_stages() -> None:
@@ -229,3 +225,27 @@ def test_weighted_quantile_is_quantile_cont_with_unit_weights_and_counts_weights
     for q in (0.3, 0.75, 0.9):
         want = con.execute(f"SELECT quantile_cont(v, {q}) FROM x").fetchone()[0]  # type: ignore[index]
         assert weighted_quantile(con, "u", "v", q, "w") == pytest.approx(want, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["slow-feature-store", "saturated", "repeated-inputs", "llm-long-prompts"])
+def test_integer_keys_change_nothing_but_speed(name: str) -> None:
+    """The ingest's integer keys (analysis.keys) and relations built without them give the same
+    report; only the scale-out model's pseudo-random queue draws (ranked by the key) may move the
+    prediction a little."""
+    data = S_generate(name, 3000, seed=11)
+    reps = []
+    for keys in (True, False):
+        con = duckdb.connect()
+        to_tables(con, data, keys=keys)
+        reps.append(analyze(con, data.scenario.slo))
+        assert trace_ref(con) == ("trace_key" if keys else "trace_id")
+    keyed, plain = reps
+    assert keyed["verdict"] == plain["verdict"]
+    assert keyed["attribution"] == plain["attribution"]
+    assert keyed["evidence"] == plain["evidence"]
+    assert "NaN" not in to_json(keyed)  # a fit on a constant batch size is None, not NaN
+    assert [s["trace_id"] for s in keyed["slowest"]] == [s["trace_id"] for s in plain["slowest"]]
+    assert all(s["trace_id"] for s in keyed["slowest"])
+    for a, b in zip(keyed["levers"], plain["levers"], strict=True):
+        assert a["lever"] == b["lever"]
+        assert a["predicted_p99_ms"] == pytest.approx(b["predicted_p99_ms"], rel=0.05)

@@ -151,7 +151,8 @@ def test_pretty_printed_gzip_document(tmp_path: Path) -> None:
 
 
 def test_relations_have_the_pinned_schema() -> None:
-    """The column names and types pinned in the plan ("Analysis tables"), even with no input."""
+    """The column names and types pinned in the plan ("Analysis tables"), even with no input, plus the
+    integer keys (analysis.keys) at the end."""
     ds = load_dataset()
     schema = {
         rel: _rows(ds, f"DESCRIBE {rel}") for rel in ("requests", "stages", "token_gaps", "metric_samples")
@@ -162,11 +163,11 @@ def test_relations_have_the_pinned_schema() -> None:
         ("start_unix_ns", "BIGINT"), ("duration_ms", "DOUBLE"), ("ttft_ms", "DOUBLE"), ("itl_mean_ms", "DOUBLE"),
         ("itl_p99_ms", "DOUBLE"), ("itl_max_ms", "DOUBLE"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
         ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
-        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"),
+        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),
-        ("duration_ms", "DOUBLE"),
+        ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["token_gaps"]] == [("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE")]
     assert [(c[0], c[1]) for c in schema["metric_samples"]] == [
@@ -221,3 +222,42 @@ def test_export_request_longer_than_duckdbs_default_bound(tmp_path: Path) -> Non
     with load_dataset(traces=[f]) as ds:
         assert _rows(ds, "SELECT count(*) FROM requests") == [(1,)]
         assert _rows(ds, "SELECT stage FROM stages") == [("compute",)]
+
+
+def _strip_keys(d: Path) -> None:
+    """Rewrite a pre-ingested directory as written before the integer keys existed."""
+    import duckdb
+
+    con = duckdb.connect()
+    for rel, keys in (("requests", "trace_key, input_key"), ("stages", "trace_key")):
+        f = d / f"{rel}.parquet"
+        con.execute(f"COPY (SELECT * EXCLUDE ({keys}) FROM read_parquet('{f}')) TO '{f}.new' (FORMAT parquet)")
+        Path(f"{f}.new").replace(f)
+    con.close()
+
+
+def test_parquet_without_integer_keys_is_still_read_and_analysed(tmp_path: Path) -> None:
+    from stagescope.analysis.api import analyze
+    from stagescope.analysis.keys import trace_ref
+
+    f, g = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write_requests(f, 12)
+    _write_requests(g, 8)
+    old = ingest_to_parquet([f], tmp_path / "old")
+    new = ingest_to_parquet([g], tmp_path / "new")
+    _strip_keys(old)
+    # old files alone, and old beside new: views without the keys (joins on trace ids)
+    for dirs, n in (([old], 12), ([old, new], 20)):
+        ds = load_dataset(traces=dirs)
+        assert trace_ref(ds.con) == "trace_id"
+        rep = analyze(ds, "p99<40ms")
+        assert rep["requests"] == n and rep["attribution"][0]["stage"] == "queue"
+        assert all(s["trace_id"] for s in rep["slowest"])
+        ds.close()
+    # old files appended to newly parsed traces: the keys the old files lack are computed
+    ds = load_dataset(traces=[g, old])
+    assert trace_ref(ds.con) == "trace_key"
+    assert _rows(ds, "SELECT count(*), count(trace_key), count(input_key) FROM requests") == [(20, 20, 20)]
+    assert _rows(ds, "SELECT count(*) = count(trace_key) FROM stages") == [(True,)]
+    assert _rows(ds, "SELECT count(*) FROM requests WHERE trace_key <> md5_number_lower(trace_id)") == [(0,)]
+    ds.close()

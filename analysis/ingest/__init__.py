@@ -31,6 +31,7 @@ import duckdb
 from stagescope.analysis.ingest.derive import derive_sql
 from stagescope.analysis.ingest.spans import SPAN_TABLE_DDL
 from stagescope.analysis.ingest.traces import FileSummary, TraceLoader
+from stagescope.analysis.keys import has_columns, key_sql
 from stagescope.errors import UserError
 
 __all__ = [
@@ -214,22 +215,45 @@ def _read_manifest(ds: Dataset, d: Path) -> None:
         raise UserError(f"{d / MANIFEST}: unreadable ingest manifest ({exc})") from None
 
 
+#: The integer keys (analysis.keys) each relation carries where the ingest wrote them.
+_KEYS = {
+    "requests": (("trace_key", "trace_id"), ("input_key", "input_hash")),
+    "stages": (("trace_key", "trace_id"),),
+}
+
+
 def _view_parquet(ds: Dataset, dirs: list[Path]) -> None:
-    """Relations as views over pre-ingested Parquet (nothing is copied)."""
+    """Relations as views over pre-ingested Parquet (nothing is copied). Where some of the files
+    predate the integer keys, the view leaves the keys out (the analysis then joins on trace ids)."""
     ds.con.execute("DROP TABLE spans")
     for rel in ("spans", "requests", "stages", "token_gaps"):
         files = "[" + ", ".join(f"'{d / (rel + '.parquet')}'" for d in dirs) + "]"
-        ds.con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet({files})")
+        keys = [k for k, _ in _KEYS.get(rel, ())]
+        src = f"read_parquet({files})"
+        if keys and not all(
+            has_columns(ds.con, f"read_parquet('{d / (rel + '.parquet')}')", *keys) for d in dirs
+        ):
+            src = f"read_parquet({files}, union_by_name = true)"
+            present = [k for k in keys if has_columns(ds.con, src, k)]
+            cols = f"* EXCLUDE ({', '.join(present)})" if present else "*"
+            ds.con.execute(f"CREATE VIEW {rel} AS SELECT {cols} FROM {src}")
+        else:
+            ds.con.execute(f"CREATE VIEW {rel} AS SELECT * FROM {src}")
     for d in dirs:
         _read_manifest(ds, d)
 
 
 def _attach_parquet(ds: Dataset, d: Path) -> None:
-    """Append a pre-ingested directory's relations (written by :func:`ingest_to_parquet`)."""
+    """Append a pre-ingested directory's relations (written by :func:`ingest_to_parquet`); keys its
+    files lack (written before they existed) are computed."""
     for rel in ("spans", "requests", "stages", "token_gaps"):
         f = d / f"{rel}.parquet"
         if f.is_file():
-            ds.con.execute(f"INSERT INTO {rel} SELECT * FROM read_parquet('{f}')")
+            ds.con.execute(f"INSERT INTO {rel} BY NAME SELECT * FROM read_parquet('{f}')")
+            for key, col in _KEYS.get(rel, ()):
+                ds.con.execute(
+                    f"UPDATE {rel} SET {key} = {key_sql(col)} WHERE {key} IS NULL AND {col} IS NOT NULL"
+                )
     _read_manifest(ds, d)
 
 

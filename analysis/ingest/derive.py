@@ -11,6 +11,9 @@
   positive (placed at the client span's start; only its length is meaningful).
 * ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
 
+``requests`` and ``stages`` also carry ``trace_key`` and ``requests`` ``input_key``: 64-bit integer
+keys of the trace id and the input hash that the analysis joins and groups on (see analysis.keys).
+
 Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
 (``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 from stagescope import names
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
+from stagescope.analysis.keys import key_sql
 
 __all__ = ["REQUEST_COLUMNS", "derive_sql"]
 
@@ -46,6 +50,8 @@ REQUEST_COLUMNS = {
     "cold_start": "BOOLEAN",
     "client_duration_ms": "DOUBLE",
     "source": "VARCHAR",
+    "trace_key": "UBIGINT",
+    "input_key": "UBIGINT",
 }
 
 _VLLM = sql_str(names.VLLM_SPAN_NAME)
@@ -93,14 +99,16 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
        WHEN s.trace_id IN (SELECT trace_id FROM _staged) OR s.batch_size IS NOT NULL
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
-       ELSE 'generic' END AS source
+       ELSE 'generic' END AS source,
+  {key_sql("s.trace_id")} AS trace_key, {key_sql("s.input_hash")} AS input_key
 FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
-SELECT trace_id, stage, start_ns AS start_unix_ns, end_ns AS end_unix_ns, (end_ns - start_ns) / 1e6 AS duration_ms
+SELECT trace_id, stage, start_ns AS start_unix_ns, end_ns AS end_unix_ns, (end_ns - start_ns) / 1e6 AS duration_ms,
+       {key_sql("trace_id")} AS trace_key
 FROM {spans} WHERE stage IS NOT NULL
 UNION ALL
-SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6
+SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}
 FROM (
   SELECT s.trace_id, unnest([
     {{'stage': '{names.STAGE_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
@@ -116,7 +124,7 @@ FROM (
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
        c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),
-       r.client_duration_ms - r.duration_ms
+       r.client_duration_ms - r.duration_ms, r.trace_key
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS

@@ -1,0 +1,50 @@
+"""64-bit integer keys stored beside the string ids, so the analysis joins and groups on integers.
+
+The ingest writes ``trace_key`` (into ``requests`` and ``stages``) and ``input_key`` (into
+``requests``): the low 64 bits of the MD5 of ``trace_id`` and ``input_hash`` (NULL where those are
+NULL). MD5, not DuckDB's ``hash()``, whose values may change between DuckDB versions: keys written
+to Parquet by one version must match keys computed by another. Joining stage rows to their request
+on ``trace_key`` instead of the 32-character trace id reads a third of the bytes and compares
+integers (``benchmarks/analysis.py``); two of a million trace ids share a key with odds of about
+1 in 40 million, and even then their spans are clipped to each request's own interval.
+
+Relations without the keys (built by hand in the pinned schema, Parquet written before they
+existed) still work: the analysis then joins on ``trace_id`` and groups on ``hash(input_hash)``.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+__all__ = ["INPUT_KEY", "TRACE_KEY", "has_columns", "input_ref", "key_sql", "trace_ref"]
+
+TRACE_KEY = "trace_key"
+INPUT_KEY = "input_key"
+
+
+def key_sql(column: str) -> str:
+    """SQL for the stored key of a string column (NULL stays NULL)."""
+    return f"md5_number_lower({column})"
+
+
+def has_columns(con: duckdb.DuckDBPyConnection, relation: str, *columns: str) -> bool:
+    """Whether ``relation`` (a table, view or table function) has all of ``columns``."""
+    try:
+        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
+    except duckdb.Error:
+        return False
+    return all(c in have for c in columns)
+
+
+def trace_ref(con: duckdb.DuckDBPyConnection) -> str:
+    """The column stage rows are joined to their requests on: ``trace_key`` where both ``requests``
+    and ``stages`` carry it, else ``trace_id``."""
+    both = has_columns(con, "requests", TRACE_KEY) and has_columns(con, "stages", TRACE_KEY)
+    return TRACE_KEY if both else "trace_id"
+
+
+def input_ref(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL for an integer key of a request's input (NULL without an input hash)."""
+    if has_columns(con, "requests", INPUT_KEY):
+        return INPUT_KEY
+    return "CASE WHEN input_hash IS NOT NULL THEN hash(input_hash) END"
