@@ -249,3 +249,14 @@ def test_integer_keys_change_nothing_but_speed(name: str) -> None:
     for a, b in zip(keyed["levers"], plain["levers"], strict=True):
         assert a["lever"] == b["lever"]
         assert a["predicted_p99_ms"] == pytest.approx(b["predicted_p99_ms"], rel=0.05)
+
+
+def test_slowest_trace_without_stage_rows_keeps_its_trace_id() -> None:
+    """The slowest list looks trace ids up by integer key in the stage rows, then in the requests."""
+    reqs = [{"trace_id": f"t{i}", "start_ms": i * 10.0, "duration_ms": 20.0 + i} for i in range(50)]
+    reqs.append({"trace_id": "no-stages", "start_ms": 600.0, "duration_ms": 900.0})
+    con = _con(reqs, [(r["trace_id"], "compute", 0, 15) for r in reqs[:-1]])
+    assert trace_ref(con) == "trace_key"
+    slowest = analyze(con, "p99<300ms")["slowest"]
+    assert [s["trace_id"] for s in slowest[:3]] == ["no-stages", "t49", "t48"]
+    assert slowest[0]["stages"] == {"unattributed": 900.0}
