@@ -143,7 +143,8 @@ def _per_request_facts(
                        WHERE hh IS NOT NULL),
                 h AS (SELECT count(*) AS c, count(*) FILTER (WHERE is_tail) AS t, count(*) FILTER (WHERE is_base) AS b
                       FROM r GROUP BY hh)
-            SELECT sum(t) FILTER (WHERE c >= 2) / nullif(sum(t), 0), sum(b) FILTER (WHERE c >= 2) / nullif(sum(b), 0)
+            SELECT coalesce(sum(t) FILTER (WHERE c >= 2), 0) / nullif(sum(t), 0),
+                   coalesce(sum(b) FILTER (WHERE c >= 2), 0) / nullif(sum(b), 0)
             FROM h"""
     ).fetchone()
     facts = con.execute(

@@ -244,6 +244,9 @@ def test_integer_keys_change_nothing_but_speed(name: str) -> None:
     assert keyed["attribution"] == plain["attribution"]
     assert keyed["evidence"] == plain["evidence"]
     assert "NaN" not in to_json(keyed)  # a fit on a constant batch size is None, not NaN
+    # every request has an input hash: the share of repeated ones is a number, 0 where none repeat
+    share = keyed["evidence"]["repeated_hash_share_tail"]
+    assert share >= 0.3 if name == "repeated-inputs" else share == 0.0
     assert [s["trace_id"] for s in keyed["slowest"]] == [s["trace_id"] for s in plain["slowest"]]
     assert all(s["trace_id"] for s in keyed["slowest"])
     for a, b in zip(keyed["levers"], plain["levers"], strict=True):
