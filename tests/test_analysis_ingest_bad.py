@@ -19,10 +19,11 @@ from stagescope.errors import UserError
 T0 = 1_764_000_000_000_000_000
 
 
-def _good_lines(n: int = 3) -> list[str]:
-    """``n`` OTLP lines, each one request (server span + 2 stage spans)."""
+def _good_lines(n: int = 3, first: int = 0) -> list[str]:
+    """``n`` OTLP lines, each one request (server span + 2 stage spans), trace ids from ``first + 1``
+    (files meant to hold different requests need different ids: repeated spans are counted once)."""
     out = []
-    for i in range(n):
+    for i in range(first, first + n):
         buf = io.BytesIO()
         spans = request_spans(f"{i + 1:032x}", T0 + i * 10**9, [("queue", 0.0, 5.0), ("compute", 5.0, 10.0)])
         write_otlp_lines(buf, spans, spans_per_line=100)
@@ -169,7 +170,7 @@ def test_bad_results_file(tmp_path: Path, case: str, write: Writer, line: int | 
 
 def test_one_bad_file_among_good_ones(tmp_path: Path) -> None:
     for i in range(3):
-        (tmp_path / f"good{i}.jsonl").write_text("\n".join(_good_lines(2)) + "\n")
+        (tmp_path / f"good{i}.jsonl").write_text("\n".join(_good_lines(2, first=10 * (i + 1))) + "\n")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(_lines_with(_mutate_span(G, startTimeUnixNano="2026-11-30 03:00:00"), at=1))
     with pytest.raises(UserError, match=rf"^{bad}:1: "):
@@ -201,7 +202,7 @@ def test_skip_bad_keeps_the_rest(
 def test_malformed_file_among_many_is_found_and_the_rest_read(tmp_path: Path) -> None:
     """DuckDB rejects the whole group: the bad file is found by bisection, the others still load."""
     for i in range(7):
-        (tmp_path / f"spans-1-{i}.jsonl").write_text("\n".join(_good_lines(2)) + "\n")
+        (tmp_path / f"spans-1-{i}.jsonl").write_text("\n".join(_good_lines(2, first=10 * (i + 1))) + "\n")
     bad = tmp_path / "spans-1-7.jsonl"
     bad.write_text("\n".join(_good_lines(3)) + "\n" + G[:100] + "\n")
     with pytest.raises(UserError, match=rf"^{bad}:4: malformed JSON"):

@@ -20,9 +20,9 @@ def _tid(i: int) -> str:
     return f"{i + 1:032x}"
 
 
-def _write_requests(path: Path, n: int = 20, *, client: bool = False, gz: bool = False) -> None:
+def _write_requests(path: Path, n: int = 20, *, client: bool = False, gz: bool = False, first: int = 0) -> None:
     spans = []
-    for i in range(n):
+    for i in range(first, first + n):
         stages = [("feature_fetch", 0.0, 5.0), ("queue", 5.0, 10.0 + i), ("compute", 15.0 + i, 20.0)]
         spans += request_spans(
             _tid(i), T0 + i * 10**9, stages,
@@ -57,7 +57,7 @@ def test_sink_directory_recursive_gzip_and_uppercase_ids(tmp_path: Path) -> None
     sink = tmp_path / "spans" / "worker"
     sink.mkdir(parents=True)
     _write_requests(sink / "spans-123-0.jsonl", 10)
-    _write_requests(sink / "spans-123-1.jsonl.gz", 5, gz=True)
+    _write_requests(sink / "spans-123-1.jsonl.gz", 5, gz=True, first=10)
     upper = tmp_path / "spans" / "upper.json"
     upper.write_text(
         '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"5B8EFFF798038103D269B633813FC60C",'
@@ -68,7 +68,7 @@ def test_sink_directory_recursive_gzip_and_uppercase_ids(tmp_path: Path) -> None
     ds = load_dataset(traces=[tmp_path / "spans"])
     kinds = sorted((Path(f.path).name, f.kind) for f in ds.files)
     assert kinds == [("spans-123-0.jsonl", "sink"), ("spans-123-1.jsonl.gz", "sink"), ("upper.json", "otlp")]
-    # ids of the two sink files overlap (same generator): 10 + 5 request rows, one generic request
+    # 10 + 5 requests from the sink files, one generic request
     assert _rows(ds, "SELECT source, count(*) FROM requests GROUP BY 1 ORDER BY 1") == [
         ("generic", 1), ("stagescope", 15)]  # fmt: skip
     assert _rows(ds, "SELECT trace_id, is_error, duration_ms FROM requests WHERE source = 'generic'") == [
@@ -260,4 +260,29 @@ def test_parquet_without_integer_keys_is_still_read_and_analysed(tmp_path: Path)
     assert _rows(ds, "SELECT count(*), count(trace_key), count(input_key) FROM requests") == [(20, 20, 20)]
     assert _rows(ds, "SELECT count(*) = count(trace_key) FROM stages") == [(True,)]
     assert _rows(ds, "SELECT count(*) FROM requests WHERE trace_key <> md5_number_lower(trace_id)") == [(0,)]
+    ds.close()
+
+
+def test_spans_repeated_across_and_within_files_are_counted_once(tmp_path: Path) -> None:
+    """An exporter that retried a delivered batch, or a rotated file beside its copy, repeats spans:
+    each request is still one sample, and a warning says how many spans were repeats."""
+    f = tmp_path / "a.jsonl"
+    _write_requests(f, 10)
+    lines = f.read_text().splitlines(keepends=True)
+    (tmp_path / "copy.jsonl").write_text("".join(lines))  # the whole file again
+    (tmp_path / "retry.jsonl").write_text(lines[0])  # its first export request again
+    counts = {}
+    for name in ("a.jsonl", "retry.jsonl"):
+        alone = load_dataset(traces=[tmp_path / name])
+        counts[name] = _rows(alone, "SELECT count(*) FROM spans")[0][0]
+        assert not any("more than once" in w for w in alone.warnings)
+        alone.close()
+    assert 0 < counts["retry.jsonl"] < counts["a.jsonl"]
+    ds = load_dataset(traces=[tmp_path])
+    assert _rows(ds, "SELECT count(*) FROM requests") == [(10,)]
+    assert _rows(ds, "SELECT count(*) FROM spans") == [(counts["a.jsonl"],)]
+    assert _rows(ds, "SELECT count(*) FROM stages") == [(30,)]
+    assert [w.split()[0] for w in ds.warnings if "more than once" in w] == [
+        str(counts["a.jsonl"] + counts["retry.jsonl"])
+    ]
     ds.close()

@@ -182,6 +182,7 @@ def _fill(
     loader.load(raw_traces)
     ds.warnings.extend(loader.warnings)
     ds.files.extend(loader.files)
+    _dedupe_spans(ds)
     if pre and not raw_traces:
         _view_parquet(ds, pre)
     else:
@@ -204,6 +205,28 @@ def _fill(
         for rel in ("metric_samples", "client_results"):
             if (d / f"{rel}.parquet").is_file():
                 con.execute(f"INSERT INTO {rel} SELECT * FROM read_parquet('{d / (rel + '.parquet')}')")
+
+
+def _dedupe_spans(ds: Dataset) -> None:
+    """Keep one copy of each span (trace id and span id) the trace files hold more than once: an
+    exporter that retried a batch it had already delivered, or two files that overlap (a rotated
+    file and its copy). Counted twice, a repeated request span would be two samples. The check is
+    one pass over the span ids; the table is rewritten only when it finds repeats."""
+    con = ds.con
+    row = con.execute("SELECT count(*) - count(DISTINCT hash(trace_id, span_id)) FROM spans").fetchone()
+    if not row or not row[0]:
+        return
+    before = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    con.execute(
+        "CREATE OR REPLACE TABLE spans AS SELECT DISTINCT ON (trace_id, span_id) * FROM spans "
+        "ORDER BY trace_id, span_id, file, start_ns"
+    )
+    removed = before - con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    if removed:
+        ds.warnings.append(
+            f"{removed} spans appear more than once in the trace files (same trace and span id: an "
+            "exporter's retry, or overlapping files) and are counted once"
+        )
 
 
 def _read_manifest(ds: Dataset, d: Path) -> None:
