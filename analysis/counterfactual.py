@@ -62,6 +62,7 @@ __all__ = [
     "lever_prediction",
     "stage_counterfactuals",
     "weighted_quantile",
+    "weighted_slope",
 ]
 
 #: Assumed compute speed-up factor of per-request-cost levers (new time = factor * old time).
@@ -128,6 +129,24 @@ def weighted_quantile(
         return None
     lo, hi, frac = float(row[0]), float(row[1] if row[1] is not None else row[0]), float(row[2] or 0.0)
     return round(lo + frac * (hi - lo), 3)
+
+
+def weighted_slope(
+    con: duckdb.DuckDBPyConnection, src: str, y: str, x: str, weight: str | None
+) -> float | None:
+    """Least-squares slope of ``y`` on ``x`` over ``src`` (rows where both are known), each row
+    standing for ``weight`` samples (SQL; None: one each, DuckDB's ``regr_slope``). A sampled
+    breakdown over-represents the tail, so an unweighted fit over it would lean towards the tail."""
+    if weight is None:
+        row = con.execute(f"SELECT regr_slope({y}, {x}) FROM {src}").fetchone()
+    else:
+        row = con.execute(
+            f"""WITH v AS (SELECT {y} AS y, {x} AS x, {weight} AS w FROM {src}),
+                     k AS (SELECT * FROM v WHERE y IS NOT NULL AND x IS NOT NULL AND w > 0),
+                     m AS (SELECT sum(w * x) / sum(w) AS mx, sum(w * y) / sum(w) AS my FROM k)
+                SELECT sum(w * (x - mx) * (y - my)) / nullif(sum(w * (x - mx) * (x - mx)), 0) FROM k, m"""
+        ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def _base_q(ev: dict[str, Any], stage: str) -> float:
@@ -284,10 +303,10 @@ def _cap_batch_wait(
     arr = Q.arrivals(con, view.arrivals)
     slope = None
     if comp is not None:
-        row = con.execute(
-            f"SELECT regr_slope(coalesce({comp}, 0), batch) FROM {_with_requests('batch_size AS batch')}"
-        ).fetchone()
-        slope = row[0] if row and row[0] is not None and row[0] > 0 else None
+        got = weighted_slope(
+            con, _with_requests("batch_size AS batch"), f"coalesce({comp}, 0)", "batch", attr.weight
+        )
+        slope = got if got is not None and got > 0 else None
     new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
     shrink = "0"
     note = ""

@@ -227,6 +227,27 @@ def test_weighted_quantile_is_quantile_cont_with_unit_weights_and_counts_weights
         assert weighted_quantile(con, "u", "v", q, "w") == pytest.approx(want, abs=1e-3)
 
 
+def test_weighted_slope_is_regr_slope_with_unit_weights_and_counts_weights() -> None:
+    from stagescope.analysis.counterfactual import weighted_slope
+
+    con = duckdb.connect()
+    rng = np.random.default_rng(4)
+    x = rng.integers(1, 17, 400).astype(float)
+    y = 3.0 + 1.5 * x + rng.normal(0, 2, 400)
+    con.execute("CREATE TABLE t (x DOUBLE, y DOUBLE, w DOUBLE)")
+    con.executemany("INSERT INTO t VALUES (?, ?, 1.0)", [[float(a), float(b)] for a, b in zip(x, y, strict=True)])
+    con.execute("INSERT INTO t VALUES (NULL, 5.0, 1.0), (4.0, NULL, 1.0)")  # incomplete pairs are left out
+    want = con.execute("SELECT regr_slope(y, x) FROM t").fetchone()[0]  # type: ignore[index]
+    assert weighted_slope(con, "t", "y", "x", "w") == pytest.approx(want, rel=1e-9)
+    assert weighted_slope(con, "t", "y", "x", None) == pytest.approx(want, rel=1e-9)
+    # rows of weight 4 count like four rows each: the weights pull the fit to their line
+    con.execute("CREATE TABLE u AS SELECT x, y, 1.0 AS w FROM t UNION ALL SELECT x, 10 * x, 4.0 FROM range(1, 9) r(x)")
+    con.execute("CREATE TABLE v AS SELECT x, y FROM t UNION ALL SELECT x, 10 * x FROM range(1, 9) r(x), range(4)")
+    want = con.execute("SELECT regr_slope(y, x) FROM v").fetchone()[0]  # type: ignore[index]
+    assert weighted_slope(con, "u", "y", "x", "w") == pytest.approx(want, rel=1e-9)
+    assert weighted_slope(con, "u", "y", "x", "w") != pytest.approx(weighted_slope(con, "u", "y", "x", None))
+
+
 @pytest.mark.parametrize("name", ["slow-feature-store", "saturated", "repeated-inputs", "llm-long-prompts"])
 def test_integer_keys_change_nothing_but_speed(name: str) -> None:
     """The ingest's integer keys (analysis.keys) and relations built without them give the same
