@@ -209,10 +209,15 @@ def _generate_llm(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s
         running[busy] = rng.integers(88, 104, int(busy.sum()))
     queue = rng.exponential(5, n)
     prefill = 15 + 0.12 * prompt * np.exp(rng.normal(0, 0.05, n))
-    for i in long_idx:  # requests arriving while a long prefill runs wait for it (head-of-line blocking)
-        busy_until = t[i] + (queue[i] + prefill[i]) / 1000
+    # requests arriving while a long prefill runs wait for it (head-of-line blocking): each waits until
+    # the last long prefill that holds the engine at its arrival ends (a maximum: two overlapping long
+    # prefills are one wait, not two, so an engine that falls behind queues up linearly)
+    wait_until = np.zeros(n)
+    for i in long_idx:  # in arrival order
+        busy_until = t[i] + (queue[i] + prefill[i]) / 1000 + max(0.0, wait_until[i] - t[i])
         blocked = (t > t[i]) & (t < busy_until)
-        prefill[blocked] += (busy_until - t[blocked]) * 1000
+        wait_until[blocked] = np.maximum(wait_until[blocked], busy_until)
+    prefill += np.maximum(0.0, wait_until - t) * 1000
     start_ns = t0 + (t * 1e9).astype(np.int64)
     gap_owner, gap_ms = [], []
     decode = np.zeros(n)

@@ -54,3 +54,20 @@ def test_scenario_from_otlp_files(tmp_path, name: str, flavor: str) -> None:  # 
         ds.close()
     assert rep["requests"] == 600
     _check(rep, data.scenario)
+
+
+def test_long_prompts_on_an_engine_that_falls_behind_queue_up_linearly() -> None:
+    """At 50 requests/s the long prefills overlap: a request waits for the last one holding the engine
+    at its arrival, once (the waits used to add up, and the prefills grew to 1e45 ms, past int64 ns)."""
+    import numpy as np
+
+    data = S.generate("llm-long-prompts", 6000, seed=5)
+    ttft = np.asarray(data.requests["ttft_ms"], dtype=float)
+    assert np.isfinite(ttft).all()
+    # a queue that grows linearly: no request waits longer than the run (120 s) plus all the long
+    # prefills back to back (150 of them, at most 15 + 0.12 ms x 9,000 tokens x e^(4 sigma) each)
+    assert ttft.max() < 120_000 + 150 * (15 + 0.12 * 9000 * np.exp(4 * 0.05))
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    rep = analyze(con, data.scenario.slo)
+    assert rep["verdict"] == {"stage": "prefill", "lever": "chunked-prefill"}
