@@ -62,6 +62,7 @@ __all__ = [
     "lever_prediction",
     "stage_counterfactuals",
     "weighted_quantile",
+    "weighted_quantile_sql",
     "weighted_slope",
 ]
 
@@ -116,19 +117,21 @@ def weighted_quantile(
     """Quantile ``q`` of ``expr`` over ``src`` where each row stands for ``weight`` samples (SQL):
     linear interpolation between the samples at ranks ``floor(h)`` and ``floor(h) + 1``,
     ``h = q * (total weight - 1)``; with every weight 1 it is ``quantile_cont``."""
-    row = con.execute(
-        f"""WITH v AS (SELECT {expr} AS v, {weight} AS w FROM {src}),
-                 k AS (SELECT v, w FROM v WHERE v IS NOT NULL AND w > 0),
-                 t AS (SELECT {q!r} * (sum(w) - 1) AS h FROM k),
-                 c AS (SELECT v, sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0 FROM k)
-            SELECT max(c.v) FILTER (WHERE c.r0 <= floor(t.h)), max(c.v) FILTER (WHERE c.r0 <= floor(t.h) + 1),
-                   any_value(t.h - floor(t.h))
-            FROM c, t"""
-    ).fetchone()
-    if row is None or row[0] is None:
-        return None
-    lo, hi, frac = float(row[0]), float(row[1] if row[1] is not None else row[0]), float(row[2] or 0.0)
-    return round(lo + frac * (hi - lo), 3)
+    row = con.execute(f"SELECT value FROM ({weighted_quantile_sql(src, expr, q, weight)})").fetchone()
+    return None if row is None or row[0] is None else round(float(row[0]), 3)
+
+
+def weighted_quantile_sql(src: str, expr: str, q: float, weight: str, by: str | None = None) -> str:
+    """SQL of :func:`weighted_quantile` per group of ``by`` (columns ``g``, ``value``), or over all of
+    ``src`` (one row, ``g`` NULL)."""
+    return f"""WITH v AS (SELECT {by or "NULL"} AS g, {expr} AS v, {weight} AS w FROM {src}),
+                 k AS (SELECT * FROM v WHERE v IS NOT NULL AND w > 0),
+                 c AS (SELECT g, v, sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
+                              {q!r} * (sum(w) OVER (PARTITION BY g) - 1) AS h FROM k),
+                 b AS (SELECT g, max(v) FILTER (WHERE r0 <= floor(h)) AS lo,
+                              max(v) FILTER (WHERE r0 <= floor(h) + 1) AS hi, any_value(h - floor(h)) AS frac
+                       FROM c GROUP BY g)
+            SELECT g, lo + frac * (coalesce(hi, lo) - lo) AS value FROM b"""
 
 
 def weighted_slope(
@@ -469,22 +472,24 @@ def _chunked_prefill(
     carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
     the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
     cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
-    src = _with_requests("input_tokens AS tokens, itl_mean_ms AS itl")
+    # on a sampled breakdown (which over-represents the tail) every statistic is weighted by stratum
+    w = attr.weight or "1.0"
+    src = _with_requests(f"input_tokens AS tokens, itl_mean_ms AS itl, {w} AS w")
+    kq = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src} WHERE tokens IS NOT NULL)"
+    intrinsic = (
+        f"(SELECT g AS k, value AS intrinsic FROM ({weighted_quantile_sql(kq, col, 0.1, 'w', by='k')}))"
+    )
     row = con.execute(
-        f"""WITH b AS (SELECT floor(log2(greatest(tokens, 1))) AS k, avg(tokens) AS t,
-                              quantile_cont({col}, 0.1) AS p FROM {src} WHERE tokens IS NOT NULL GROUP BY 1)
-            SELECT regr_slope(p, t), (SELECT median(itl) FROM {src}), count(*) FROM b"""
+        f"""WITH t AS (SELECT k, sum(w * tokens) / sum(w) AS t FROM {kq} WHERE w > 0 GROUP BY k)
+            SELECT regr_slope(i.intrinsic, t.t), count(*) FROM {intrinsic} i JOIN t USING (k)"""
     ).fetchone()
-    if row is None or row[2] is None or row[2] < 2 or row[0] is None or row[0] <= 0:
+    if row is None or row[1] is None or row[1] < 2 or row[0] is None or row[0] <= 0:
         return None
-    per_token, gap = float(row[0]), float(row[1] or 0.0)
+    per_token, gap = float(row[0]), weighted_quantile(con, src, "itl", 0.5, "w") or 0.0
     step = gap + CHUNK_TOKENS * per_token
     pred = _q(
         con,
-        f"""{src} LEFT JOIN (SELECT floor(log2(greatest(tokens, 1))) AS k, quantile_cont({col}, 0.1) AS intrinsic
-                              FROM {src} WHERE tokens IS NOT NULL GROUP BY 1) USING (k)""".replace(
-            f"{src} LEFT JOIN", f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src}) LEFT JOIN", 1
-        ),
+        f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src}) LEFT JOIN {intrinsic} USING (k)",
         f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
         view.slo.quantile,
         attr,
