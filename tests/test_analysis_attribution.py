@@ -209,7 +209,7 @@ def test_large_input_subset_and_sample_agree_with_the_full_breakdown(
 
 
 def test_weighted_quantile_is_quantile_cont_with_unit_weights_and_counts_weights() -> None:
-    from stagescope.analysis.counterfactual import weighted_quantile
+    from stagescope.analysis.counterfactual import weighted_quantile, weighted_quantile_sql
 
     con = duckdb.connect()
     rng = np.random.default_rng(3)
@@ -225,6 +225,11 @@ def test_weighted_quantile_is_quantile_cont_with_unit_weights_and_counts_weights
     for q in (0.3, 0.75, 0.9):
         want = con.execute(f"SELECT quantile_cont(v, {q}) FROM x").fetchone()[0]  # type: ignore[index]
         assert weighted_quantile(con, "u", "v", q, "w") == pytest.approx(want, abs=1e-3)
+    # per group: each group's own quantile
+    sql = weighted_quantile_sql("(SELECT *, v > 1000 AS big FROM u)", "v", 0.25, "w", by="big")
+    got = dict(con.execute(sql).fetchall())
+    want_g = dict(con.execute("SELECT v > 1000, quantile_cont(v, 0.25) FROM x GROUP BY 1").fetchall())
+    assert got == pytest.approx(want_g, abs=1e-9)
 
 
 def test_weighted_slope_is_regr_slope_with_unit_weights_and_counts_weights() -> None:
