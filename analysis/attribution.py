@@ -39,7 +39,7 @@ from typing import Any
 import duckdb
 
 from stagescope.analysis.breach import SLIView, network_expr, sql_str
-from stagescope.analysis.keys import trace_ref
+from stagescope.analysis.keys import REQUEST_KEY, has_request_keys, trace_ref
 from stagescope.analysis.queueing import uniform_rank_sql
 from stagescope.names import STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
 
@@ -107,21 +107,25 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
     """Create ``ss_req``: one row per request to break down, read from ``requests`` (the SLI table
     holds no trace ids): ``trace_ref`` (the request's ``trace_key``, or its trace id where the data
     has no keys: see analysis.keys), an integer key ``tk`` (hash of trace_ref and start), SLI
-    interval ``t0``-``t1`` (ns), ``value_ms``, ``network`` and :data:`REQUEST_ATTRIBUTES`.
+    interval ``t0``-``t1`` (ns), ``value_ms``, ``network``, :data:`REQUEST_ATTRIBUTES` and
+    ``request_key`` (NULL without request keys).
 
-    Stage spans are joined to the requests of their trace and clipped to each one's interval, so
-    the requests of one trace that follow each other (a client's retries) are broken down apart;
-    requests of one trace that run at the same time share the stage time they overlap."""
+    Stage spans are joined to the requests of their trace and clipped to each one's interval; where
+    a stage row carries its request's key (analysis.keys) only to that request. So the requests of one
+    trace that follow each other (a client's retries) are broken down apart, and so are those that
+    run at the same time (a fan-out), except where the data has no request keys: then they share the
+    stage time they overlap."""
     net = network_expr(view.slo)
+    rkey = REQUEST_KEY if has_request_keys(con) else "NULL::UBIGINT"
     src = (
-        f"SELECT {trace_ref(con)} AS trace_ref, start_unix_ns, CAST({view.value_expr} AS DOUBLE) AS value_ms, "
-        f"{net} AS network_ms, {', '.join(REQUEST_ATTRIBUTES)} "
+        f"SELECT {trace_ref(con)} AS trace_ref, {rkey} AS request_key, start_unix_ns, "
+        f"CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, {', '.join(REQUEST_ATTRIBUTES)} "
         f"FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
     )
     where = f"WHERE {subset}" if subset else ""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_ref, hash(trace_ref, start_unix_ns) AS tk, start_unix_ns AS t0, value_ms,
+        SELECT trace_ref, hash(trace_ref, start_unix_ns) AS tk, request_key, start_unix_ns AS t0, value_ms,
                start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
                {", ".join(REQUEST_ATTRIBUTES)}
         FROM ({src}) {where}"""
@@ -144,12 +148,16 @@ def build_breakdown(
     k_of = {c: i for i, c in enumerate(cols.values())}
     # integer keys (``tk`` per request, ``k`` = stage index) keep the group-bys cheap
     _requests_sql(con, view, subset)
-    # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``)
+    # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``),
+    # each to its own request where the stage row knows it
+    own = (
+        f" AND (s.{REQUEST_KEY} IS NULL OR s.{REQUEST_KEY} = r.request_key)" if has_request_keys(con) else ""
+    )
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_st AS
         SELECT r.tk, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
                r.t1 - r.t0 AS span
-        FROM stages s JOIN ss_req r ON s.{trace_ref(con)} = r.trace_ref
+        FROM stages s JOIN ss_req r ON s.{trace_ref(con)} = r.trace_ref{own}
         WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     )
     # Fast path. Per (request, stage): spans that share a common point (parallel fetches: max start <=

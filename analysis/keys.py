@@ -1,8 +1,9 @@
 """64-bit integer keys stored beside the string ids, so the analysis joins and groups on integers.
 
-The ingest writes ``trace_key`` (into ``requests`` and ``stages``) and ``input_key`` (into
-``requests``): the low 64 bits of the MD5 of ``trace_id`` and ``input_hash`` (NULL where those are
-NULL). MD5, not DuckDB's ``hash()``, whose values may change between DuckDB versions: keys written
+The ingest writes ``trace_key`` (into ``requests`` and ``stages``), ``request_key`` (into both: a
+stage row's is its request's, see ingest.derive) and ``input_key`` (into ``requests``): the low 64
+bits of the MD5 of ``trace_id``, of trace and span id of the request span, and of ``input_hash``
+(NULL where those are NULL). MD5, not DuckDB's ``hash()``, whose values may change between DuckDB versions: keys written
 to Parquet by one version must match keys computed by another. Joining stage rows to their request
 on ``trace_key`` instead of the 32-character trace id reads a third of the bytes and compares
 integers (``benchmarks/analysis.py``); two of a million trace ids share a key with odds of about
@@ -10,16 +11,22 @@ integers (``benchmarks/analysis.py``); two of a million trace ids share a key wi
 
 Relations without the keys (built by hand in the pinned schema, Parquet written before they
 existed) still work: the analysis then joins on ``trace_id`` and groups on ``hash(input_hash)``.
+Without request keys (or where a stage row's is NULL) a trace's stage rows are matched to its
+requests by time alone, so requests of one trace that run at the same time share the stage time
+they overlap.
 """
 
 from __future__ import annotations
 
 import duckdb
 
-__all__ = ["INPUT_KEY", "TRACE_KEY", "has_columns", "input_ref", "key_sql", "trace_ref"]
+__all__ = [
+    "INPUT_KEY", "REQUEST_KEY", "TRACE_KEY", "has_columns", "has_request_keys", "input_ref", "key_sql", "trace_ref",
+]  # fmt: skip
 
 TRACE_KEY = "trace_key"
 INPUT_KEY = "input_key"
+REQUEST_KEY = "request_key"
 
 
 def key_sql(column: str) -> str:
@@ -41,6 +48,16 @@ def trace_ref(con: duckdb.DuckDBPyConnection) -> str:
     and ``stages`` carry it, else ``trace_id``."""
     both = has_columns(con, "requests", TRACE_KEY) and has_columns(con, "stages", TRACE_KEY)
     return TRACE_KEY if both else "trace_id"
+
+
+def has_request_keys(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether stage rows can be matched to their own request: ``request_key`` in ``requests`` and
+    ``stages``, and the trace keys beside it."""
+    return (
+        trace_ref(con) == TRACE_KEY
+        and has_columns(con, "requests", REQUEST_KEY)
+        and has_columns(con, "stages", REQUEST_KEY)
+    )
 
 
 def input_ref(con: duckdb.DuckDBPyConnection) -> str:

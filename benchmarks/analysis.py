@@ -3,8 +3,8 @@
 Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 8 stage spans each
 (about 8 million stage rows; a slow feature store on 6 % of requests, with two parallel feature reads
 per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
-relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``input_key``: see
-analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand). Then, each in a fresh subprocess so peak memory is the analysis's own:
+relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``request_key``,
+``input_key``: see analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand). Then, each in a fresh subprocess so peak memory is the analysis's own:
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
@@ -46,7 +46,8 @@ WITH u AS (
               sqrt(-2 * ln(greatest(u4, 1e-12))) * cos(2 * pi() * u5) AS z3
     FROM u
 )
-SELECT i, md5(i::VARCHAR) AS trace_id, md5_number_lower(md5(i::VARCHAR)) AS trace_key, {t0} + i * {step_ns} AS s0,
+SELECT i, md5(i::VARCHAR) AS trace_id, md5_number_lower(md5(i::VARCHAR)) AS trace_key,
+       md5_number_lower(md5(i::VARCHAR) || substr(md5(i::VARCHAR), 1, 16)) AS request_key, {t0} + i * {step_ns} AS s0,
        4 * exp(0.3 * z1) + CASE WHEN u6 < 0.06 THEN 350 + 350 * u7 ELSE 0 END AS ff,
        0.3 + 0.7 * u8 AS ff2_share, 3 * exp(0.3 * z2) AS pre, 5 * u9 AS bw,
        -2 * ln(greatest(u10, 1e-12)) AS q, 20 * exp(0.15 * z3) AS comp, 1.0 + u11 AS post, 1.0 + u11 / 2 AS eg,
@@ -65,12 +66,12 @@ COPY (
 ) TO '{out}/requests.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
 COPY (
     WITH b AS (
-        SELECT trace_id, trace_key, s0, ff, ff2_share, pre, bw, q, comp, post, eg,
+        SELECT trace_id, trace_key, request_key, s0, ff, ff2_share, pre, bw, q, comp, post, eg,
                ff AS c1, ff + pre AS c2, ff + pre + bw AS c3, ff + pre + bw + q AS c4,
                ff + pre + bw + q + comp AS c5, ff + pre + bw + q + comp + post AS c6
         FROM r
     ), x AS (
-        SELECT trace_id, trace_key, s0,
+        SELECT trace_id, trace_key, request_key, s0,
                unnest(['feature_fetch', 'feature_fetch', 'preprocess', 'batch_wait', 'queue', 'compute',
                        'postprocess', 'egress']) AS stage,
                unnest([0, 0, c1, c2, c3, c4, c5, c6]) AS a_ms,
@@ -164,7 +165,7 @@ def build(out: Path, n: int, keys: bool = True) -> dict[str, Any]:
     con = duckdb.connect()
     con.execute("SELECT setseed(0.42)")
     step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
-    req_keys, st_keys = (", trace_key, input_key", ", trace_key") if keys else ("", "")
+    req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key") if keys else ("", "")
     con.execute(_GEN_SQL.format(n=n, t0=T0_NS, step_ns=step_ns, out=out, req_keys=req_keys, st_keys=st_keys))
     rows = con.execute(f"SELECT count(*) FROM read_parquet('{out}/stages.parquet')").fetchone()
     con.close()

@@ -164,10 +164,11 @@ def test_relations_have_the_pinned_schema() -> None:
         ("itl_p99_ms", "DOUBLE"), ("itl_max_ms", "DOUBLE"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
         ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
         ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"),
+        ("request_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),
-        ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"),
+        ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"), ("request_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["token_gaps"]] == [("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE")]
     assert [(c[0], c[1]) for c in schema["metric_samples"]] == [
@@ -229,7 +230,7 @@ def _strip_keys(d: Path) -> None:
     import duckdb
 
     con = duckdb.connect()
-    for rel, keys in (("requests", "trace_key, input_key"), ("stages", "trace_key")):
+    for rel, keys in (("requests", "trace_key, input_key, request_key"), ("stages", "trace_key, request_key")):
         f = d / f"{rel}.parquet"
         con.execute(f"COPY (SELECT * EXCLUDE ({keys}) FROM read_parquet('{f}')) TO '{f}.new' (FORMAT parquet)")
         Path(f"{f}.new").replace(f)
@@ -260,6 +261,10 @@ def test_parquet_without_integer_keys_is_still_read_and_analysed(tmp_path: Path)
     assert _rows(ds, "SELECT count(*), count(trace_key), count(input_key) FROM requests") == [(20, 20, 20)]
     assert _rows(ds, "SELECT count(*) = count(trace_key) FROM stages") == [(True,)]
     assert _rows(ds, "SELECT count(*) FROM requests WHERE trace_key <> md5_number_lower(trace_id)") == [(0,)]
+    assert _rows(ds, "SELECT count(request_key) FROM requests") == [(20,)]
+    # an old stage row cannot name its request (no parent span id): it is matched by time
+    assert _rows(ds, "SELECT count(request_key) FROM stages WHERE stage <> 'network'") == [(8 * 3,)]
+    assert analyze(ds, "p99<40ms")["attribution"][0]["stage"] == "queue"
     ds.close()
 
 
@@ -285,4 +290,33 @@ def test_spans_repeated_across_and_within_files_are_counted_once(tmp_path: Path)
     assert [w.split()[0] for w in ds.warnings if "more than once" in w] == [
         str(counts["a.jsonl"] + counts["retry.jsonl"])
     ]
+    ds.close()
+
+
+def test_concurrent_requests_of_one_trace_keep_their_own_stages(tmp_path: Path) -> None:
+    """A client fans out two calls in one trace. Each request's stage spans are its children, so each
+    is broken down with its own stages (request_key); matched by time alone, the short request would
+    take the long one's compute, which overlaps it and ends later."""
+    from stagescope.analysis.api import analyze, frames
+    from stagescope.analysis.synth import KIND_CLIENT, SynthSpan
+
+    tid, ms = _tid(7), 1_000_000
+    server = {"http.route": "/v1/predict", "http.response.status_code": 200}
+    spans = [
+        SynthSpan(tid, "c" * 16, "fan-out", T0, T0 + 120 * ms, kind=KIND_CLIENT),  # the calling client
+        SynthSpan(tid, "a" * 16, "POST /v1/predict", T0, T0 + 100 * ms, "c" * 16, KIND_SERVER, server),
+        SynthSpan(tid, "a" * 15 + "1", "compute", T0, T0 + 90 * ms, "a" * 16, attributes={"stagescope.stage": "compute"}),
+        SynthSpan(tid, "b" * 16, "POST /v1/predict", T0 + 10 * ms, T0 + 60 * ms, "c" * 16, KIND_SERVER, server),
+        SynthSpan(tid, "b" * 15 + "1", "feature_fetch", T0 + 10 * ms, T0 + 55 * ms, "b" * 16,
+                  attributes={"stagescope.stage": "feature_fetch"}),
+    ]  # fmt: skip
+    f = tmp_path / "fan-out.jsonl"
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT count(*) FROM requests") == [(2,)]
+    analyze(ds, "p99<300ms")
+    got = {r["value_ms"]: r for r in frames(ds)["ss_breakdown"].to_dicts()}
+    assert got[100.0]["compute"] == pytest.approx(90.0) and not got[100.0].get("feature_fetch")
+    assert got[50.0]["feature_fetch"] == pytest.approx(45.0) and not got[50.0].get("compute")
+    assert got[50.0]["unattributed"] == pytest.approx(5.0)
     ds.close()

@@ -238,10 +238,15 @@ def _read_manifest(ds: Dataset, d: Path) -> None:
         raise UserError(f"{d / MANIFEST}: unreadable ingest manifest ({exc})") from None
 
 
-#: The integer keys (analysis.keys) each relation carries where the ingest wrote them.
-_KEYS = {
-    "requests": (("trace_key", "trace_id"), ("input_key", "input_hash")),
-    "stages": (("trace_key", "trace_id"),),
+#: The integer keys (analysis.keys) each relation carries where the ingest wrote them, with what each
+#: is the key of (None: not computable from the row alone; a stage row's request needs its parent span).
+_KEYS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "requests": (
+        ("trace_key", "trace_id"),
+        ("input_key", "input_hash"),
+        ("request_key", "trace_id || span_id"),
+    ),
+    "stages": (("trace_key", "trace_id"), ("request_key", None)),
 }
 
 
@@ -274,9 +279,10 @@ def _attach_parquet(ds: Dataset, d: Path) -> None:
         if f.is_file():
             ds.con.execute(f"INSERT INTO {rel} BY NAME SELECT * FROM read_parquet('{f}')")
             for key, col in _KEYS.get(rel, ()):
-                ds.con.execute(
-                    f"UPDATE {rel} SET {key} = {key_sql(col)} WHERE {key} IS NULL AND {col} IS NOT NULL"
-                )
+                if col is not None:  # stage rows from before keep no request key: matched by time
+                    ds.con.execute(
+                        f"UPDATE {rel} SET {key} = {key_sql(col)} WHERE {key} IS NULL AND {col} IS NOT NULL"
+                    )
     _read_manifest(ds, d)
 
 

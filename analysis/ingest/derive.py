@@ -11,8 +11,12 @@
   positive (placed at the client span's start; only its length is meaningful).
 * ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
 
-``requests`` and ``stages`` also carry ``trace_key`` and ``requests`` ``input_key``: 64-bit integer
-keys of the trace id and the input hash that the analysis joins and groups on (see analysis.keys).
+``requests`` and ``stages`` also carry ``trace_key`` and ``request_key``, and ``requests``
+``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
+span) and the input hash that the analysis joins and groups on (see analysis.keys). A stage row's
+``request_key`` is its request's: the request span is the stage span's parent (as stagescope emits
+them), the vLLM span itself, or the request a ``network`` row measures; NULL where the parent is
+not a request span (the analysis then goes by time within the trace).
 
 Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
 (``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
@@ -52,6 +56,7 @@ REQUEST_COLUMNS = {
     "source": "VARCHAR",
     "trace_key": "UBIGINT",
     "input_key": "UBIGINT",
+    "request_key": "UBIGINT",
 }
 
 _VLLM = sql_str(names.VLLM_SPAN_NAME)
@@ -100,17 +105,19 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
-  {key_sql("s.trace_id")} AS trace_key, {key_sql("s.input_hash")} AS input_key
+  {key_sql("s.trace_id")} AS trace_key, {key_sql("s.input_hash")} AS input_key,
+  {key_sql("s.trace_id || s.span_id")} AS request_key
 FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
-SELECT trace_id, stage, start_ns AS start_unix_ns, end_ns AS end_unix_ns, (end_ns - start_ns) / 1e6 AS duration_ms,
-       {key_sql("trace_id")} AS trace_key
-FROM {spans} WHERE stage IS NOT NULL
+SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key
+FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
+WHERE s.stage IS NOT NULL
 UNION ALL
-SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}
+SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key
 FROM (
-  SELECT s.trace_id, unnest([
+  SELECT s.trace_id, r.request_key, unnest([
     {{'stage': '{names.STAGE_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
     {{'stage': '{names.STAGE_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
       'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
@@ -120,11 +127,12 @@ FROM (
   FROM (SELECT *, coalesce(queue_s, 0) AS q, coalesce(prefill_s, 0) AS p, coalesce(decode_s, 0) AS d
         FROM {spans} s WHERE (queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)
           AND stage IS NULL) s
+  LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.span_id
 )
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
        c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),
-       r.client_duration_ms - r.duration_ms, r.trace_key
+       r.client_duration_ms - r.duration_ms, r.trace_key, r.request_key
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS
