@@ -172,7 +172,8 @@ def analyze(
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
     con.execute("SET preserve_insertion_order = false")
     try:
-        return _analyze(con, dataset, slo, window, warnings)
+        with K.remembering():
+            return _analyze(con, dataset, slo, window, warnings)
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(row and row[0])}")
 

@@ -72,6 +72,9 @@ class Attribution:
     #: SQL: how many samples each ``ss_breakdown`` row stands for (its stratum's samples over the
     #: stratum's rows in the breakdown); None when the breakdown is complete.
     weight: str | None = None
+    #: Per-request SLIs: :data:`SAMPLE_FACTS` (and ``requests``, the SLO's requests whether or not
+    #: they have a sample), over every sample, for the evidence.
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -97,6 +100,22 @@ def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict
     ordered = [s for s in STAGES if s in found] + sorted(s for s in found if s not in STAGES)
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
+
+#: Facts about the tail and baseline requests of a per-request SLI that :func:`attribute` gathers in
+#: its pass over every sample, for the evidence (``{tail}`` and ``{base}``: the conditions); the
+#: batch-size fit is least squares of the sample on its request's batch size.
+SAMPLE_FACTS = {
+    "cold_start_share_tail": "avg(cold_start::INT) FILTER (WHERE {tail})",
+    "cold_start_share_baseline": "avg(cold_start::INT) FILTER (WHERE {base})",
+    "batch_size_tail": "avg(batch_size) FILTER (WHERE {tail})",
+    "batch_size_baseline": "avg(batch_size) FILTER (WHERE {base})",
+    "batch_size_max": "max(batch_size)",
+    "queue_depth_tail": "avg(queue_depth) FILTER (WHERE {tail})",
+    "queue_depth_baseline": "avg(queue_depth) FILTER (WHERE {base})",
+    "batch_slope_ms": "regr_slope(value_ms, batch_size)",
+    "batch_intercept_ms": "regr_intercept(value_ms, batch_size)",
+    "batch_r2": "regr_r2(value_ms, batch_size)",
+}
 
 #: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (lever models read them
 #: there instead of joining ``requests`` again).
@@ -261,22 +280,31 @@ def attribute(
     tail, base = _conditions(view.slo.threshold_ms, breached, qs["q"], qs["p50"])
     lower = _lower(view, qs) if view.per_request and view.count > FULL_BREAKDOWN_LIMIT else None
     # counts and mean values of tail and baseline, over every sample (also when the breakdown is a
-    # sample); on large inputs in the same pass the sizes of the strata and the slowest values
-    stats = [
-        f"count(*) FILTER (WHERE {tail})", f"count(*) FILTER (WHERE {base})",
-        f"avg(value_ms) FILTER (WHERE {tail})", f"avg(value_ms) FILTER (WHERE {base})",
-    ]  # fmt: skip
+    # sample); in the same pass, per-request facts for the evidence and, on large inputs, the sizes of
+    # the strata and the slowest values
+    stats = {
+        "tail_n": f"count(*) FILTER (WHERE {tail})", "base_n": f"count(*) FILTER (WHERE {base})",
+        "tail_mean": f"avg(value_ms) FILTER (WHERE {tail})", "base_mean": f"avg(value_ms) FILTER (WHERE {base})",
+    }  # fmt: skip
+    if view.per_request:
+        stats.update({k: v.format(tail=tail, base=base) for k, v in SAMPLE_FACTS.items()})
+        stats["requests"] = f"(SELECT count(*) FROM requests WHERE {view.request_filter})"
     if lower is not None:
-        stats += [f"count(*) FILTER (WHERE {c})" for c in _strata(lower, base)]
-        stats.append(f"list_min(max(value_ms, {KEEP_SLOWEST}))")
-    row = con.execute(f"SELECT {', '.join(stats)} FROM {view.name}").fetchone()
+        stats.update(
+            {f"stratum{i}": f"count(*) FILTER (WHERE {c})" for i, c in enumerate(_strata(lower, base))}
+        )
+        stats["slowest_min"] = f"list_min(max(value_ms, {KEEP_SLOWEST}))"
+    row = con.execute(f"SELECT {', '.join(stats.values())} FROM {view.name}").fetchone()
     assert row is not None
-    tn, bn, tm, bm = row[:4]
+    got = dict(zip(stats, row, strict=True))
+    tn, bn, tm, bm = got["tail_n"], got["base_n"], got["tail_mean"], got["base_mean"]
     if not view.per_request:
         ex = None if tm is None or bm is None else tm - bm
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
         return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm)
-    sub = None if lower is None else _subset(lower, base, row[4:7], row[7])
+    facts = {k: got[k] for k in (*SAMPLE_FACTS, "requests")}
+    sizes = tuple(got[f"stratum{i}"] for i in range(3)) if lower is not None else ()
+    sub = None if lower is None else _subset(lower, base, sizes, got["slowest_min"])
     cols = build_breakdown(con, view, sub.condition if sub else None)
     extra = None
     if sub is not None and sub.forced:  # the slowest requests outside the sample: kept apart
@@ -318,6 +346,7 @@ def attribute(
         sub.candidates if sub else 0,
         extra,
         weight,
+        facts,
     )
 
 

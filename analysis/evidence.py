@@ -36,6 +36,13 @@ from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
 
 __all__ = ["gather"]
 
+#: The request-level evidence, in the order :func:`gather` reads it.
+_FACT_KEYS = (
+    "repeated_hash_share_tail", "repeated_hash_share_baseline", "cold_start_share_tail",
+    "cold_start_share_baseline", "batch_size_tail", "batch_size_baseline", "batch_size_max",
+    "queue_depth_tail", "queue_depth_baseline", "requests",
+)  # fmt: skip
+
 #: Least-squares fit of the SLI sample on its request's batch size (NULL pairs are skipped).
 _FIT = "regr_slope(value_ms, batch_size), regr_intercept(value_ms, batch_size), regr_r2(value_ms, batch_size)"
 
@@ -78,7 +85,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     row: tuple[Any, ...] | None
     fit: tuple[Any, ...] | None
     if view.per_request:
-        row, fit = _per_request_facts(con, view, tail, base)
+        row, fit = _per_request_facts(con, view, attr)
     else:
         fit = con.execute(f"SELECT {_FIT} FROM {view.name}").fetchone()
         flags = (
@@ -101,12 +108,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
             FROM rr"""
         ).fetchone()
     assert row is not None
-    keys = [
-        "repeated_hash_share_tail", "repeated_hash_share_baseline", "cold_start_share_tail",
-        "cold_start_share_baseline", "batch_size_tail", "batch_size_baseline", "batch_size_max",
-        "queue_depth_tail", "queue_depth_baseline", "requests",
-    ]  # fmt: skip
-    for k, v in zip(keys, row, strict=True):
+    for k, v in zip(_FACT_KEYS, row, strict=True):
         ev[k] = _f(v)
     for metric in UTIL_METRICS:
         msql = (
@@ -132,10 +134,12 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
 
 
 def _per_request_facts(
-    con: duckdb.DuckDBPyConnection, view: SLIView, tail: str, base: str
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The request-level evidence of a per-request SLI over every sample (not the breakdown's sample),
-    in the order :func:`gather` reads it, and the batch-size fit."""
+    in the order :func:`gather` reads it, and the batch-size fit: the repeated inputs here, the rest
+    gathered by attribution in its pass over the samples (``attr.facts``)."""
+    tail, base = attr.tail_condition, attr.baseline_condition
     repeated = con.execute(
         f"""WITH r AS (SELECT hh, ({tail}) AS is_tail, ({base}) AS is_base
                        FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, {input_ref(con)} AS hh FROM requests
@@ -147,17 +151,12 @@ def _per_request_facts(
                    coalesce(sum(b) FILTER (WHERE c >= 2), 0) / nullif(sum(b), 0)
             FROM h"""
     ).fetchone()
-    facts = con.execute(
-        f"""SELECT avg(cold_start::INT) FILTER (WHERE {tail}), avg(cold_start::INT) FILTER (WHERE {base}),
-                   avg(batch_size) FILTER (WHERE {tail}), avg(batch_size) FILTER (WHERE {base}), max(batch_size),
-                   avg(queue_depth) FILTER (WHERE {tail}), avg(queue_depth) FILTER (WHERE {base}),
-                   (SELECT count(*) FROM requests WHERE {view.request_filter}), {_FIT}
-            FROM {view.name}"""
-    ).fetchone()
-    assert repeated is not None and facts is not None
+    assert repeated is not None
     # a share of no tail request with an input hash is unknown, not zero
     shares = tuple(None if v is None else float(v) for v in repeated)
-    return (*shares, *facts[:-3]), facts[-3:]
+    f = attr.facts
+    facts = tuple(f[k] for k in _FACT_KEYS[2:])
+    return (*shares, *facts), (f["batch_slope_ms"], f["batch_intercept_ms"], f["batch_r2"])
 
 
 def _stage_quantiles(

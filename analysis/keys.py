@@ -18,10 +18,15 @@ they overlap.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import duckdb
 
 __all__ = [
-    "INPUT_KEY", "REQUEST_KEY", "TRACE_KEY", "has_columns", "has_request_keys", "input_ref", "key_sql", "trace_ref",
+    "INPUT_KEY", "REQUEST_KEY", "TRACE_KEY", "has_columns", "has_request_keys", "input_ref", "key_sql",
+    "remembering", "trace_ref",
 ]  # fmt: skip
 
 TRACE_KEY = "trace_key"
@@ -34,12 +39,32 @@ def key_sql(column: str) -> str:
     return f"md5_number_lower({column})"
 
 
+#: Answers of :func:`has_columns` while :func:`remembering` is active (None: not active).
+_MEMO: ContextVar[dict[tuple[int, str], frozenset[str]] | None] = ContextVar("stagescope_keys_memo", default=None)
+
+
+@contextmanager
+def remembering() -> Iterator[None]:
+    """Within the block :func:`has_columns` describes each relation once: the analysis asks about the
+    same relations many times, and they do not change while it runs."""
+    token = _MEMO.set({} if _MEMO.get() is None else _MEMO.get())
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
 def has_columns(con: duckdb.DuckDBPyConnection, relation: str, *columns: str) -> bool:
     """Whether ``relation`` (a table, view or table function) has all of ``columns``."""
-    try:
-        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
-    except duckdb.Error:
-        return False
+    memo = _MEMO.get()
+    have = None if memo is None else memo.get((id(con), relation))
+    if have is None:
+        try:
+            have = frozenset(r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall())
+        except duckdb.Error:
+            return False
+        if memo is not None:
+            memo[(id(con), relation)] = have
     return all(c in have for c in columns)
 
 
