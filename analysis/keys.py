@@ -25,8 +25,8 @@ from contextvars import ContextVar
 import duckdb
 
 __all__ = [
-    "INPUT_KEY", "REQUEST_KEY", "TRACE_KEY", "has_columns", "has_request_keys", "input_ref", "key_sql",
-    "remembering", "trace_ref",
+    "INPUT_KEY", "REQUEST_KEY", "REQUEST_KEYS", "TRACE_KEY", "has_columns", "has_request_keys", "input_ref",
+    "key_sql", "remembering", "request_keys_sql", "trace_ref",
 ]  # fmt: skip
 
 TRACE_KEY = "trace_key"
@@ -34,13 +34,29 @@ INPUT_KEY = "input_key"
 REQUEST_KEY = "request_key"
 
 
-def key_sql(column: str) -> str:
-    """SQL for the stored key of a string column (NULL stays NULL)."""
-    return f"md5_number_lower({column})"
+#: What each key of a ``requests`` row is the key of: the row's columns, concatenated.
+REQUEST_KEYS: dict[str, tuple[str, ...]] = {
+    TRACE_KEY: ("trace_id",),
+    INPUT_KEY: ("input_hash",),
+    REQUEST_KEY: ("trace_id", "span_id"),
+}
+
+
+def key_sql(*columns: str) -> str:
+    """SQL for the stored key of string columns, concatenated (NULL stays NULL)."""
+    return f"md5_number_lower({' || '.join(columns)})"
+
+
+def request_keys_sql(alias: str = "") -> str:
+    """``key AS name`` of every one of :data:`REQUEST_KEYS`, over a requests row's columns (qualified
+    by ``alias``, e.g. ``"s."``), comma-separated."""
+    return ", ".join(f"{key_sql(*(alias + c for c in cols))} AS {k}" for k, cols in REQUEST_KEYS.items())
 
 
 #: Answers of :func:`has_columns` while :func:`remembering` is active (None: not active).
-_MEMO: ContextVar[dict[tuple[int, str], frozenset[str]] | None] = ContextVar("stagescope_keys_memo", default=None)
+_MEMO: ContextVar[dict[tuple[int, str], frozenset[str]] | None] = ContextVar(
+    "stagescope_keys_memo", default=None
+)
 
 
 @contextmanager

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from stagescope import names as N
-from stagescope.analysis.keys import key_sql
+from stagescope.analysis.keys import key_sql, request_keys_sql
 
 __all__ = ["SCENARIOS", "Scenario", "SynthData", "generate", "to_tables", "write_metrics", "write_otlp"]
 
@@ -294,12 +294,7 @@ def to_tables(
     r["source"] = np.full(n, source)
     sel = ", ".join(f"CAST({c if c in r else 'NULL'} AS {typ}) AS {c}" for c, typ in _REQ_COLS.items())
     con.register("req_tbl", pa.table({c: v for c, v in r.items()}))
-    req_keys = (
-        f", {key_sql('trace_id')} AS trace_key, {key_sql('input_hash')} AS input_key, "
-        f"{key_sql('trace_id || span_id')} AS request_key"
-        if keys
-        else ""
-    )
+    req_keys = f", {request_keys_sql()}" if keys else ""
     con.execute(f"CREATE OR REPLACE TABLE requests AS SELECT *{req_keys} FROM (SELECT {sel} FROM req_tbl)")
     con.register("st_tbl", pa.table(data.stages))
     con.execute(
@@ -307,7 +302,11 @@ def to_tables(
         "CAST(start_unix_ns AS BIGINT) start_unix_ns, CAST(end_unix_ns AS BIGINT) end_unix_ns, "
         "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms"
         # synthetic stage rows name their trace, not their request: matched to it by time
-        + (f", {key_sql('CAST(trace_id AS VARCHAR)')} AS trace_key, NULL::UBIGINT AS request_key" if keys else "")
+        + (
+            f", {key_sql('CAST(trace_id AS VARCHAR)')} AS trace_key, NULL::UBIGINT AS request_key"
+            if keys
+            else ""
+        )
         + " FROM st_tbl"
     )
     gaps = data.gaps or {"trace_id": np.array([], dtype=str), "gap_ms": np.array([], dtype=float)}

@@ -31,7 +31,7 @@ import duckdb
 from stagescope.analysis.ingest.derive import derive_sql
 from stagescope.analysis.ingest.spans import SPAN_TABLE_DDL
 from stagescope.analysis.ingest.traces import FileSummary, TraceLoader
-from stagescope.analysis.keys import has_columns, key_sql
+from stagescope.analysis.keys import REQUEST_KEY, REQUEST_KEYS, TRACE_KEY, has_columns, key_sql
 from stagescope.errors import UserError
 
 __all__ = [
@@ -238,15 +238,12 @@ def _read_manifest(ds: Dataset, d: Path) -> None:
         raise UserError(f"{d / MANIFEST}: unreadable ingest manifest ({exc})") from None
 
 
-#: The integer keys (analysis.keys) each relation carries where the ingest wrote them, with what each
-#: is the key of (None: not computable from the row alone; a stage row's request needs its parent span).
-_KEYS: dict[str, tuple[tuple[str, str | None], ...]] = {
-    "requests": (
-        ("trace_key", "trace_id"),
-        ("input_key", "input_hash"),
-        ("request_key", "trace_id || span_id"),
-    ),
-    "stages": (("trace_key", "trace_id"), ("request_key", None)),
+#: The integer keys (analysis.keys) each relation carries where the ingest wrote them, with the
+#: columns each is the key of (None: not computable from the row alone; a stage row's request needs
+#: its parent span).
+_KEYS: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
+    "requests": tuple(REQUEST_KEYS.items()),
+    "stages": ((TRACE_KEY, REQUEST_KEYS[TRACE_KEY]), (REQUEST_KEY, None)),
 }
 
 
@@ -278,10 +275,11 @@ def _attach_parquet(ds: Dataset, d: Path) -> None:
         f = d / f"{rel}.parquet"
         if f.is_file():
             ds.con.execute(f"INSERT INTO {rel} BY NAME SELECT * FROM read_parquet('{f}')")
-            for key, col in _KEYS.get(rel, ()):
-                if col is not None:  # stage rows from before keep no request key: matched by time
+            for key, cols in _KEYS.get(rel, ()):
+                if cols is not None:  # stage rows from before keep no request key: matched by time
                     ds.con.execute(
-                        f"UPDATE {rel} SET {key} = {key_sql(col)} WHERE {key} IS NULL AND {col} IS NOT NULL"
+                        f"UPDATE {rel} SET {key} = {key_sql(*cols)} "
+                        f"WHERE {key} IS NULL AND {' || '.join(cols)} IS NOT NULL"
                     )
     _read_manifest(ds, d)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from stagescope import names
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
-from stagescope.analysis.keys import key_sql
+from stagescope.analysis.keys import key_sql, request_keys_sql
 
 __all__ = ["REQUEST_COLUMNS", "derive_sql"]
 
@@ -105,8 +105,7 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
-  {key_sql("s.trace_id")} AS trace_key, {key_sql("s.input_hash")} AS input_key,
-  {key_sql("s.trace_id || s.span_id")} AS request_key
+  {request_keys_sql("s.")}
 FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
