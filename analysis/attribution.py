@@ -72,8 +72,8 @@ class Attribution:
     #: SQL: how many samples each ``ss_breakdown`` row stands for (its stratum's samples over the
     #: stratum's rows in the breakdown); None when the breakdown is complete.
     weight: str | None = None
-    #: Per-request SLIs: :data:`SAMPLE_FACTS` (and ``requests``, the SLO's requests whether or not
-    #: they have a sample), over every sample, for the evidence.
+    #: :data:`BATCH_FIT` and, for per-request SLIs, :data:`SAMPLE_FACTS` and ``requests`` (the SLO's
+    #: requests whether or not they have a sample), over every sample, for the evidence.
     facts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -101,9 +101,16 @@ def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict
     return {s: f"c{i}" for i, s in enumerate(ordered)}
 
 
+#: Least-squares fit of each SLI sample on its request's batch size (for streams the running decode
+#: batch; NULL pairs are skipped): :func:`attribute` computes it in its pass over every sample, for
+#: the evidence.
+BATCH_FIT = {
+    "batch_slope_ms": "regr_slope(value_ms, batch_size)",
+    "batch_intercept_ms": "regr_intercept(value_ms, batch_size)",
+    "batch_r2": "regr_r2(value_ms, batch_size)",
+}
 #: Facts about the tail and baseline requests of a per-request SLI that :func:`attribute` gathers in
-#: its pass over every sample, for the evidence (``{tail}`` and ``{base}``: the conditions); the
-#: batch-size fit is least squares of the sample on its request's batch size.
+#: the same pass, for the evidence (``{tail}`` and ``{base}``: the conditions).
 SAMPLE_FACTS = {
     "cold_start_share_tail": "avg(cold_start::INT) FILTER (WHERE {tail})",
     "cold_start_share_baseline": "avg(cold_start::INT) FILTER (WHERE {base})",
@@ -112,9 +119,6 @@ SAMPLE_FACTS = {
     "batch_size_max": "max(batch_size)",
     "queue_depth_tail": "avg(queue_depth) FILTER (WHERE {tail})",
     "queue_depth_baseline": "avg(queue_depth) FILTER (WHERE {base})",
-    "batch_slope_ms": "regr_slope(value_ms, batch_size)",
-    "batch_intercept_ms": "regr_intercept(value_ms, batch_size)",
-    "batch_r2": "regr_r2(value_ms, batch_size)",
 }
 
 #: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (lever models read them
@@ -285,6 +289,7 @@ def attribute(
     stats = {
         "tail_n": f"count(*) FILTER (WHERE {tail})", "base_n": f"count(*) FILTER (WHERE {base})",
         "tail_mean": f"avg(value_ms) FILTER (WHERE {tail})", "base_mean": f"avg(value_ms) FILTER (WHERE {base})",
+        **BATCH_FIT,
     }  # fmt: skip
     if view.per_request:
         stats.update({k: v.format(tail=tail, base=base) for k, v in SAMPLE_FACTS.items()})
@@ -298,11 +303,11 @@ def attribute(
     assert row is not None
     got = dict(zip(stats, row, strict=True))
     tn, bn, tm, bm = got["tail_n"], got["base_n"], got["tail_mean"], got["base_mean"]
+    facts = {k: got[k] for k in (*BATCH_FIT, *SAMPLE_FACTS, "requests") if k in got}
     if not view.per_request:
         ex = None if tm is None or bm is None else tm - bm
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
-        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm)
-    facts = {k: got[k] for k in (*SAMPLE_FACTS, "requests")}
+        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm, facts=facts)
     sizes = tuple(got[f"stratum{i}"] for i in range(3)) if lower is not None else ()
     sub = None if lower is None else _subset(lower, base, sizes, got["slowest_min"])
     cols = build_breakdown(con, view, sub.condition if sub else None)

@@ -29,7 +29,7 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis.attribution import BREAKDOWN, Attribution
+from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
 from stagescope.analysis.keys import input_ref
 from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
@@ -42,9 +42,6 @@ _FACT_KEYS = (
     "cold_start_share_baseline", "batch_size_tail", "batch_size_baseline", "batch_size_max",
     "queue_depth_tail", "queue_depth_baseline", "requests",
 )  # fmt: skip
-
-#: Least-squares fit of the SLI sample on its request's batch size (NULL pairs are skipped).
-_FIT = "regr_slope(value_ms, batch_size), regr_intercept(value_ms, batch_size), regr_r2(value_ms, batch_size)"
 
 
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
@@ -83,11 +80,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
         base_keys = f"SELECT DISTINCT trace_id, start_unix_ns FROM {src} WHERE {base}"
     ev: dict[str, Any] = {}
     row: tuple[Any, ...] | None
-    fit: tuple[Any, ...] | None
     if view.per_request:
-        row, fit = _per_request_facts(con, view, attr)
+        row = _per_request_facts(con, view, attr)
     else:
-        fit = con.execute(f"SELECT {_FIT} FROM {view.name}").fetchone()
         flags = (
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
@@ -127,18 +122,16 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     if _one(con, f"SELECT count(*) FROM ({msql})"):
         ev["running_tail"] = _asof_mean(con, msql, tail_keys)
         ev["running_baseline"] = _asof_mean(con, msql, base_keys)
-    if fit is not None:
-        ev["batch_slope_ms"], ev["batch_intercept_ms"], ev["batch_r2"] = (_f(v) for v in fit)
+    for k in BATCH_FIT:  # fitted by attribution in its pass over the samples
+        ev[k] = _f(attr.facts.get(k))
     ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
     return ev
 
 
-def _per_request_facts(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _per_request_facts(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> tuple[Any, ...]:
     """The request-level evidence of a per-request SLI over every sample (not the breakdown's sample),
-    in the order :func:`gather` reads it, and the batch-size fit: the repeated inputs here, the rest
-    gathered by attribution in its pass over the samples (``attr.facts``)."""
+    in the order :func:`gather` reads it: the repeated inputs here, the rest gathered by attribution
+    in its pass over the samples (``attr.facts``)."""
     tail, base = attr.tail_condition, attr.baseline_condition
     repeated = con.execute(
         f"""WITH r AS (SELECT hh, ({tail}) AS is_tail, ({base}) AS is_base
@@ -154,9 +147,7 @@ def _per_request_facts(
     assert repeated is not None
     # a share of no tail request with an input hash is unknown, not zero
     shares = tuple(None if v is None else float(v) for v in repeated)
-    f = attr.facts
-    facts = tuple(f[k] for k in _FACT_KEYS[2:])
-    return (*shares, *facts), (f["batch_slope_ms"], f["batch_intercept_ms"], f["batch_r2"])
+    return (*shares, *(attr.facts[k] for k in _FACT_KEYS[2:]))
 
 
 def _stage_quantiles(
