@@ -475,7 +475,8 @@ def _chunked_prefill(
     # on a sampled breakdown (which over-represents the tail) every statistic is weighted by stratum
     w = attr.weight or "1.0"
     src = _with_requests(f"input_tokens AS tokens, itl_mean_ms AS itl, {w} AS w")
-    kq = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src} WHERE tokens IS NOT NULL)"
+    bucketed = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src})"  # power-of-two buckets
+    kq = f"(SELECT * FROM {bucketed} WHERE tokens IS NOT NULL)"
     intrinsic = (
         f"(SELECT g AS k, value AS intrinsic FROM ({weighted_quantile_sql(kq, col, 0.1, 'w', by='k')}))"
     )
@@ -489,7 +490,7 @@ def _chunked_prefill(
     step = gap + CHUNK_TOKENS * per_token
     pred = _q(
         con,
-        f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src}) LEFT JOIN {intrinsic} USING (k)",
+        f"{bucketed} LEFT JOIN {intrinsic} USING (k)",
         f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
         view.slo.quantile,
         attr,
