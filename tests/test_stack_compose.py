@@ -147,6 +147,26 @@ def test_services_wired_as_production_is() -> None:
     assert gpu[:2] == ["stagescope", "gpu-exporter"] and "--interval=0.1" in gpu
 
 
+def test_no_unauthenticated_admin_endpoint_is_published() -> None:
+    """Prometheus without lifecycle/admin/write APIs; Alertmanager (/-/reload always on) and Tempo
+    (/live-store/prepare-downscale) not published at all (README "Local stack", Safe defaults)."""
+    cmd = SERVICES["prometheus"]["command"]
+    for flag in ("--web.enable-lifecycle", "--web.enable-admin-api", "--web.enable-remote-write-receiver",
+                 "--web.enable-otlp-receiver"):  # fmt: skip
+        assert flag not in cmd, flag
+    assert "ports" not in SERVICES["alertmanager"] and "ports" not in SERVICES["tempo"]
+
+
+def test_writers_run_as_the_uid_data_init_prepares_for() -> None:
+    init = SERVICES["data-init"]["command"]
+    writer = next(a.split("=", 1)[1] for a in init if a.startswith("--writer="))
+    for name in ("otel-collector", "loadgen"):
+        assert SERVICES[name]["user"] == writer, name
+        assert SERVICES[name]["depends_on"]["data-init"]["condition"] == "service_completed_successfully"
+    assert {"traces", "loadgen"} <= set(init)
+    assert "STAGESCOPE_UID" not in (ROOT / "docker-compose.yml").read_text()  # nothing to set per user
+
+
 def test_grafana_has_no_anonymous_admin_and_takes_its_password_from_the_environment() -> None:
     env = SERVICES["grafana"]["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"

@@ -117,12 +117,13 @@ def test_collector_pipelines_use_only_defined_components_in_the_right_order() ->
     for kind, comps in used.items():
         assert set(OTEL[kind]) == comps, f"defined but unused {kind}: {set(OTEL[kind]) - comps}"
     traces = svc["pipelines"]["traces"]
-    assert {"otlp/tempo", "file/traces"} <= set(traces["exporters"]) and "tail_sampling" in traces[
+    assert {"otlp_grpc/tempo", "file/traces"} <= set(traces["exporters"]) and "tail_sampling" in traces[
         "processors"
     ]
     assert OTEL["receivers"]["otlp"]["protocols"].keys() == {"grpc", "http"}
-    assert OTEL["exporters"]["otlp/tempo"]["endpoint"] == "tempo:4317"
-    assert svc["telemetry"]["metrics"]["address"].endswith(":8888")
+    assert OTEL["exporters"]["otlp_grpc/tempo"]["endpoint"] == "tempo:4317"
+    (reader,) = svc["telemetry"]["metrics"]["readers"]
+    assert reader["pull"]["exporter"]["prometheus"]["port"] == 8888  # the port Prometheus scrapes
 
 
 def test_tail_sampling_keeps_slower_than_the_slo_threshold_and_a_baseline() -> None:

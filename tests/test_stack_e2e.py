@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -139,6 +140,13 @@ def test_prometheus_and_alertmanager_with_the_stack_config(
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert load.returncode == 0, load.stderr
+
+    # the lifecycle endpoints are off with the compose flags: any local page could POST them
+    for endpoint in ("/-/quit", "/-/reload"):
+        req = urllib.request.Request(prom + endpoint, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=5)
+        assert refused.value.code == 403, endpoint
 
     # Alertmanager is reachable from Prometheus
     def alertmanagers() -> list[str]:
