@@ -14,10 +14,10 @@ ENV PATH=/opt/venv/bin:$PATH
 # Dependencies first (cached while only sources change), then the project itself.
 COPY pyproject.toml README.md LICENSE ./
 RUN mkdir stagescope && touch stagescope/__init__.py \
-    && pip install ".[service,loadgen,gpu]" \
+    && pip install ".[serve,loadgen,gpu]" \
     && pip uninstall -y stagescope && rm -rf stagescope build
 COPY . .
-RUN pip install --no-deps ".[service,loadgen,gpu]" && stagescope --help >/dev/null
+RUN pip install --no-deps ".[serve,loadgen,gpu]" && stagescope --help >/dev/null
 
 # ---- runtime ---------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -104,10 +104,11 @@ class RedisFeatureStore:
     """The feature table in a real Redis; the latency model's draw is injected before each read."""
 
     def __init__(self, settings: Settings, url: str) -> None:
-        try:
-            import redis.asyncio as aioredis
-        except ImportError:  # pragma: no cover - redis is in the service extras
-            raise UserError("--feature-store redis://... needs the 'redis' package (pip install redis)") from None
+        from stagescope.extras import require
+
+        require("redis", "--feature-store redis://...")
+        import redis.asyncio as aioredis
+
         self.settings = settings
         self.url = url
         self.latency = LatencyModel.from_settings(settings)

@@ -4,6 +4,11 @@ Each part of the project owns its commands in a module ``stagescope.<part>.cli``
 ``register(subparsers)``; ``register`` adds one sub-parser and sets ``func`` (``args -> exit status``).
 Commands parse, delegate to the library, and turn a :class:`~stagescope.errors.UserError` into one line
 on stderr with exit status 2, never a traceback.
+
+Optional dependencies (pip extras, :mod:`stagescope.extras`) are imported inside a command's ``func``,
+never by ``register``, so every ``--help`` works whatever is installed. Before ``func`` runs, the
+command's extra (:data:`~stagescope.extras.COMMAND_EXTRAS`) is checked without importing it; a missing
+one is one line naming the ``pip install`` to run, exit status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from stagescope.errors import EXIT_USAGE, UserError
+from stagescope.extras import COMMAND_EXTRAS, require
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
@@ -50,8 +56,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_USAGE
+    extra = COMMAND_EXTRAS.get(args.command)
     try:
+        if extra is not None:
+            require(extra)
         return int(func(args) or 0)
+    except ModuleNotFoundError as exc:
+        # a third-party module the extra check does not know of (a newer dependency, a broken install)
+        top = (exc.name or "").partition(".")[0]
+        if not top or top == "stagescope":
+            raise
+        hint = f": pip install 'stagescope[{extra}]'" if extra else ""
+        print(f"stagescope {args.command}: error: needs the Python module {top!r}, which is not installed{hint}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     except UserError as exc:
         print(f"stagescope {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -67,7 +67,7 @@ def load_nvml(import_module: Callable[[str], Any] | None = None) -> Any:
     try:
         nvml = imp("pynvml")
     except ImportError as exc:
-        raise NvmlUnavailable(f"the pynvml module (nvidia-ml-py) is not installed ({exc})") from None
+        raise NvmlUnavailable(f"the pynvml module is not installed (pip install 'stagescope[gpu]'): {exc}") from None
     _init(nvml)
     return nvml
 
