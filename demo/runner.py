@@ -57,9 +57,9 @@ __all__ = [
     "schedule_for",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-#: The real arrival trace the demo replays (Azure LLM inference, conversation service, CC-BY-4.0).
-ARRIVAL_TRACE = REPO / "external" / "llm_traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
+#: The real arrival trace the demo replays (Azure LLM inference, conversation service, CC-BY-4.0): package
+#: data (``demo/data``, with its licence and ``SOURCE.md``), so an installed wheel finds it too.
+ARRIVAL_TRACE = Path(__file__).resolve().parent / "data" / "AzureLLMInferenceTrace_conv.csv"
 #: How long the reference service may take to answer /readyz (seconds).
 READY_TIMEOUT_S = 60.0
 #: What one run records into its folder (an earlier run's are moved aside, see archive_previous).

@@ -137,7 +137,10 @@ def record_batch_end(
     metrics: StageMetrics | None = None,
 ) -> int:
     """The batch finished (ends ``compute``): add the three stages and the batch size to every ticket's
-    record, observe the batch size and the executor's busy seconds. Returns the time."""
+    record, observe the batch size and the executor's busy seconds. Returns the time.
+
+    ``model`` labels the batch metrics, and also every ticket's request (its request and stage
+    histograms, its span's ``stagescope.model``) unless the request set its own ``record.model``."""
     t = now_ns() if at_ns is None else at_ns
     size = len(tickets)
     start = t
@@ -153,6 +156,8 @@ def record_batch_end(
         rec.stages.append(StageInterval(STAGE_QUEUE, tk.closed_ns, max(tk.closed_ns, tk.start_ns)))
         rec.stages.append(StageInterval(STAGE_COMPUTE, tk.start_ns, max(tk.start_ns, t)))
         rec.batch_size = size
+        if rec.model is None:  # the batch's model labels the request's metrics, unless it named its own
+            rec.model = model
     if size:
         m = default_metrics() if metrics is None else metrics
         m.observe_batch(model, size)

@@ -415,3 +415,70 @@ def test_stop_without_draining_fails_waiters_and_cancels_running_batches() -> No
         assert b.running == 0 and b.queue_depth == 0
 
     asyncio.run(main())
+
+
+def test_the_batchers_model_labels_the_requests_metrics_unless_the_request_names_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instrumented FastAPI app whose handler never sets a model: the DynamicBatcher's ``model`` labels
+    the request histogram and every stage histogram (preprocess too), as well as the batch metrics. A
+    request that set ``record.model`` itself keeps it."""
+    import httpx
+    from fastapi import FastAPI
+
+    import stagescope
+    from stagescope.instrumentation.app import instrument_app, uninstrument_app
+
+    for key in ("OTEL_EXPORTER_OTLP_ENDPOINT", "STAGESCOPE_SPANS_DIR", "STAGESCOPE_MODELS"):
+        monkeypatch.delenv(key, raising=False)
+    reg = CollectorRegistry()
+    app = FastAPI()
+
+    async def run(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.002)
+        return items
+
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_batch_size=4, max_wait_ms=2, model="ranker-v3")
+
+    @app.post("/v1/score")
+    async def score() -> dict[str, int]:
+        with stagescope.stage("preprocess"):
+            x = 1
+        return {"y": await batcher.submit(x)}
+
+    @app.post("/v1/score-own")
+    async def score_own() -> dict[str, int]:
+        rec = stagescope.current_request()
+        assert rec is not None
+        rec.model = "reranker"
+        return {"y": await batcher.submit(2)}
+
+    instrument_app(app, service_name="scorer", models=["ranker-v3", "reranker"], registry=reg)
+
+    async def traffic() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            for _ in range(3):
+                assert (await c.post("/v1/score")).status_code == 200
+            assert (await c.post("/v1/score-own")).status_code == 200
+
+    try:
+        asyncio.run(traffic())
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in reg.collect() for s in f.samples}
+    finally:
+        uninstrument_app(app)  # (it also takes stagescope's families off the registry)
+
+    def value(name: str, labels: dict[str, str]) -> float | None:
+        return samples.get((name, tuple(sorted(labels.items()))))
+
+    count = f"{names.METRIC_REQUEST_DURATION}_count"
+    req = {"route": "/v1/score", "status_class": "2xx"}
+    assert value(count, {**req, "model": "ranker-v3"}) == 3
+    assert value(count, {**req, "model": ""}) is None
+    for stage in ("preprocess", "batch_wait", "queue", "compute"):
+        got = value(f"{names.METRIC_STAGE_DURATION}_count", {"stage": stage, "model": "ranker-v3"})
+        assert got == 3, stage
+    own = {"route": "/v1/score-own", "status_class": "2xx", "model": "reranker"}
+    assert value(count, own) == 1
+    assert value(f"{names.METRIC_STAGE_DURATION}_count", {"stage": "compute", "model": "reranker"}) == 1
+    assert value(f"{names.METRIC_BATCH_SIZE}_count", {"model": "ranker-v3"}) >= 1
