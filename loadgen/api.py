@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from stagescope.errors import UserError
 from stagescope.loadgen.bodies import GENERATE_ROUTE, PREDICT_ROUTE, BodyFactory
+from stagescope.loadgen.openai_api import APIS, default_template, discover_model, endpoint_path, infer_api
 from stagescope.loadgen.results import (
     RequestResult,
     Summary,
@@ -34,10 +35,12 @@ from stagescope.loadgen.results import (
 from stagescope.loadgen.runner import Engine, ProgressSnapshot
 from stagescope.loadgen.schedule import Schedule, synthetic_schedule
 from stagescope.loadgen.spans import ClientSpanWriter
+from stagescope.loadgen.streams import OpenAIStream
+from stagescope.loadgen.template import BodyTemplate
 from stagescope.loadgen.traces import read_trace
 from stagescope.names import ENV_SPANS_DIR
 
-__all__ = ["LoadRun", "build_schedule", "check_url", "default_route", "load", "run_load"]
+__all__ = ["LoadRun", "Target", "build_schedule", "check_url", "default_route", "load", "resolve_target", "run_load"]
 
 
 @dataclass
@@ -91,6 +94,51 @@ def default_route(schedule: Schedule) -> str:
     return GENERATE_ROUTE if schedule.prompt_tokens is not None else PREDICT_ROUTE
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where requests go: ``origin`` (``http://host:port``), the request target ``path`` (with any
+    query), the ``route`` recorded in the results and CLIENT spans (the path without the query), and
+    the ``api`` the responses are read as (None: the reference service's, any SSE or NDJSON stream)."""
+
+    origin: str
+    path: str
+    route: str
+    api: str | None
+
+
+def resolve_target(url: str, route: str | None, api: str | None, schedule: Schedule) -> Target:
+    """The request path: ``route`` when given (it overrides the URL's path); else for an OpenAI ``api``
+    the endpoint under the URL's path (:func:`~stagescope.loadgen.openai_api.endpoint_path`); else the
+    URL's own path when it has one (``http://host:8000/v1/score`` sends to ``/v1/score``); else
+    :func:`default_route`. ``api`` None is inferred from a path ending in ``/completions`` or
+    ``/chat/completions``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"{url}: not an http(s) URL")
+    if api is not None and api not in APIS:
+        raise UserError(f"unknown --api {api!r}; use {' or '.join(APIS)}")
+    if route is not None:
+        if not route.startswith("/"):
+            raise UserError(f"--route must start with '/', got {route!r}")
+        path = route
+    elif api is not None:
+        path = endpoint_path(parts.path, api)
+    elif parts.path not in ("", "/"):
+        path = parts.path
+    else:
+        path = default_route(schedule)
+    named = infer_api(path)
+    if api is None:
+        api = named
+    elif named not in (None, api):
+        raise UserError(f"--route {path} is the {named} endpoint, not {api}'s")
+    base, _, query = path.partition("?")
+    if not query and route is None:
+        query = parts.query  # the URL's query string travels with its path
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return Target(f"{parts.scheme}://{parts.hostname}:{port}", base + (f"?{query}" if query else ""), base, api)
+
+
 async def check_url(url: str, timeout_s: float = 3.0) -> None:
     """Raise :class:`UserError` (one line) unless a TCP connection to ``url``'s host and port opens."""
     parts = urlsplit(url)
@@ -135,10 +183,20 @@ async def run_load(
     headers: Mapping[str, str] | None = None,
     check_connect: bool = True,
     realtime: bool = False,
+    api: str | None = None,
+    body: BodyTemplate | str | os.PathLike[str] | None = None,
+    model: str | None = None,
+    prompt_tokens: int = 128,
+    output_tokens: int = 32,
 ) -> LoadRun:
     """Drive ``url`` open-loop with ``schedule``; write ``out`` (Parquet) and CLIENT spans; summarize.
 
-    ``route``: path appended to ``url`` (default from :func:`default_route`). ``spans_dir``: where the
+    ``url`` and ``route``: see :func:`resolve_target` (a full URL's path is the route; ``route``
+    overrides it). ``api``: ``"openai-completions"`` or ``"openai-chat"`` (default: inferred from the
+    path), see :mod:`stagescope.loadgen.openai_api`; ``model`` is sent as its ``model`` (default: the
+    first of the server's ``GET /v1/models``). ``body``: a :class:`BodyTemplate` or a template file
+    (:mod:`stagescope.loadgen.template`) instead of the default bodies; ``prompt_tokens`` and
+    ``output_tokens`` are the sizes of requests whose schedule has none. ``spans_dir``: where the
     embedded sink writes CLIENT spans (default ``$STAGESCOPE_SPANS_DIR``; OTLP/HTTP when
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; no spans when none of these is given). ``progress`` is
     called about every 0.25 s from the event loop. Setting ``stop`` ends sending early; what was
@@ -146,19 +204,32 @@ async def run_load(
     refuses connections before anything is sent. ``realtime``: run the sender and event-loop threads
     under SCHED_FIFO (see :mod:`stagescope.loadgen.runner`; needs root or CAP_SYS_NICE).
     """
-    route = route or default_route(schedule)
-    if not route.startswith("/"):
-        raise UserError(f"--route must start with '/', got {route!r}")
+    target = resolve_target(url, route, api, schedule)
+    template = body if isinstance(body, BodyTemplate) or body is None else BodyTemplate.from_file(body)
     if not 0.0 <= repeat_share <= 1.0:
         raise UserError(f"--repeat-share must be within [0, 1], got {repeat_share}")
     if concurrency_cap is not None and concurrency_cap < 1:
         raise UserError(f"--concurrency-cap must be at least 1, got {concurrency_cap}")
     if out is not None:
         check_writable(os.fspath(out))
+    for name, n in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens)):
+        if n < 1:
+            raise UserError(f"{name} must be at least 1, got {n}")
+    hdrs = dict(headers or {})
+    if target.api is not None and os.environ.get("OPENAI_API_KEY") and not any(
+        k.lower() == "authorization" for k in hdrs
+    ):
+        hdrs["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
     if check_connect:
-        await check_url(url)
+        await check_url(target.origin)
+    if target.api is not None and model is None and (template is None or "model" in template.names):
+        model = await discover_model(target.origin, target.path, target.api, hdrs)
+    if template is None and target.api is not None:
+        template = default_template(target.api, model)
+    if template is not None and "model" in template.names and model is None:
+        raise UserError(f"{template.source} uses {{{{model}}}}: give --model NAME")
     bodies = BodyFactory(
-        route,
+        target.route,
         prompt_tokens=schedule.prompt_tokens,
         output_tokens=schedule.output_tokens,
         hash_ids=schedule.hash_ids,
@@ -167,17 +238,23 @@ async def run_load(
         predict_dim=predict_dim,
         repeat_share=repeat_share,
         seed=seed,
+        template=template,
+        model=model,
+        default_prompt_tokens=prompt_tokens,
+        default_output_tokens=output_tokens,
     )
     engine = Engine(
-        url,
-        route,
+        target.origin,
+        target.route,
         schedule,
         bodies,
+        path=target.path,
+        stream=OpenAIStream if target.api is not None else None,
         concurrency_cap=concurrency_cap,
         timeout_s=timeout_s,
         grace_s=grace_s,
         progress=progress,
-        headers=dict(headers or {}),
+        headers=hdrs,
         realtime=realtime,
     )
     try:
@@ -192,10 +269,13 @@ async def run_load(
     )
     summary = summarize(
         results,
-        url=url,
-        route=route,
+        url=target.origin,
+        route=target.route,
         source=schedule.source,
-        target_rate_rps=schedule.nominal_rate_rps,
+        target_rate_rps=schedule.target_rate_rps,
+        schedule_rate_rps=schedule.rate_rps,
+        api=target.api,
+        model=model,
         duration_s=covered,
         scheduled=len(schedule),
         stopped_early=engine.stopped_early,
@@ -204,7 +284,7 @@ async def run_load(
     )
     n_spans = 0
     if span_writer is not None or _spans_enabled(spans_dir):
-        writer = span_writer or ClientSpanWriter(url, spans_dir=spans_dir)
+        writer = span_writer or ClientSpanWriter(target.origin, spans_dir=spans_dir)
         try:
             n_spans = writer.write(results)
         finally:

@@ -7,6 +7,11 @@ requests whose Mooncake ``hash_ids`` share leading ids get byte-identical prompt
 prefix cache can see the reuse. Requests without block ids get blocks of their own (no accidental
 sharing).
 
+With a body template (``--body FILE``, or the OpenAI APIs' bodies, :mod:`stagescope.loadgen.template`)
+every request's body is the template filled with its prompt, token counts and indexes; its input hash
+is the hash of the whole body, as a service that calls ``current_request().set_input(await
+req.body())`` computes it.
+
 Content is never recorded: the results keep only :func:`input_hash` (BLAKE2b, 8 bytes, hex), the
 same hash the instrumentation puts on ``stagescope.input_hash``.
 """
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+
+from stagescope.loadgen.template import BodyTemplate
 
 __all__ = [
     "GENERATE_ROUTE",
@@ -112,7 +119,10 @@ class BodyFactory:
     "stream": true}``; token counts come from the trace, else ``default_prompt_tokens`` and
     ``default_output_tokens``. Any other route (``/v1/predict``): ``{"inputs": [floats]}`` of
     ``predict_dim`` values; a share ``repeat_share`` of requests reuse one of ``repeat_pool`` earlier
-    inputs (a result cache can hit them), the rest are fresh random inputs.
+    inputs (a result cache can hit them), the rest are fresh random inputs. With ``template`` (any
+    route): the template filled in for request ``i``; ``repeat_share`` then makes a request repeat the
+    input (index, prompt and token counts) of one of the first ``repeat_pool`` requests. ``model``
+    fills ``{{model}}``.
     """
 
     def __init__(
@@ -130,6 +140,8 @@ class BodyFactory:
         repeat_share: float = 0.0,
         repeat_pool: int = 16,
         seed: int = 0,
+        template: BodyTemplate | None = None,
+        model: str | None = None,
     ) -> None:
         if not 0.0 <= repeat_share <= 1.0:
             raise ValueError(f"repeat_share must be within [0, 1], got {repeat_share}")
@@ -147,9 +159,34 @@ class BodyFactory:
         self._rng = random.Random(seed)
         self._pool: list[tuple[bytes, str]] = []
         self._pool_size = max(1, repeat_pool)
+        self.template = template
+        self.model = model
+        if template is not None and "model" in template.names and model is None:
+            raise ValueError(f"{template.source} uses {{{{model}}}}: give a model name")
 
     def __call__(self, i: int) -> PreparedBody:
+        if self.template is not None:
+            return self._templated(i)
         return self._generate(i) if self.generate else self._predict()
+
+    def _templated(self, i: int) -> PreparedBody:
+        template = self.template
+        assert template is not None
+        src = i  # the input this request sends: its own, or a repeat of one of the first requests
+        if i >= self._pool_size and self.repeat_share and self._rng.random() < self.repeat_share:
+            src = self._rng.randrange(self._pool_size)
+        n_in = int(self.prompt_tokens[src]) if self.prompt_tokens is not None else self.default_prompt_tokens
+        n_out = int(self.output_tokens[src]) if self.output_tokens is not None else self.default_output_tokens
+        n_out = max(n_out, 1)
+        values: dict[str, object] = {
+            "prompt_tokens": n_in, "output_tokens": n_out, "index": i, "input_index": src,
+            "model": self.model or "",
+        }  # fmt: skip
+        if "prompt" in template.names:
+            ids = self.hash_ids[src] if self.hash_ids is not None else None
+            values["prompt"] = synthetic_prompt(n_in, hash_ids=ids, block_tokens=self.block_tokens, unique_key=src)
+        body = template.render(values)
+        return PreparedBody(body, input_hash(body), n_in, n_out, self.stream)
 
     def _generate(self, i: int) -> PreparedBody:
         n_in = int(self.prompt_tokens[i]) if self.prompt_tokens is not None else self.default_prompt_tokens

@@ -1,5 +1,10 @@
 """``stagescope load``: drive a service open-loop and write one row per request to Parquet.
 
+Any HTTP service: ``--url`` is the endpoint (``http://host:8000/v1/score``), ``--body FILE`` a JSON
+template of the request (:mod:`stagescope.loadgen.template`). OpenAI-compatible servers (vLLM, SGLang,
+llama.cpp, TGI): ``--api openai-completions|openai-chat`` streams and measures TTFT and inter-token
+gaps (:mod:`stagescope.loadgen.openai_api`).
+
 Thin layer over :func:`stagescope.loadgen.run_load`: parses options, shows a rich progress bar (live
 rate, requests in flight, corrected p50/p99), prints the summary table (or ``--json``). Ctrl-C stops
 sending; what was recorded is still written (exit status 130). A server that refuses connections
@@ -23,10 +28,41 @@ def register(subparsers: Any) -> None:
             "latency from the intended send (corrected) and from the actual send (naive)."
         ),
     )
-    p.add_argument("--url", required=True, help="base URL of the service, e.g. http://127.0.0.1:8000")
     p.add_argument(
-        "--route", default=None, help="path to call (default /v1/generate for LLM traces, else /v1/predict)"
-    )
+        "--url", required=True,
+        help="the endpoint, e.g. http://127.0.0.1:8000/v1/score (its path is the route); a URL without a "
+        "path calls --route, else /v1/generate for LLM traces and /v1/predict otherwise (the reference "
+        "service); with --api also the server or its OpenAI base URL (http://host:8000/v1)",
+    )  # fmt: skip
+    p.add_argument("--route", default=None, help="path to call instead of the URL's path (an override)")
+    p.add_argument(
+        "--api", choices=("openai-completions", "openai-chat"), default=None,
+        help="an OpenAI-compatible server's streaming /v1/completions or /v1/chat/completions (vLLM, SGLang, "
+        "llama.cpp, TGI): SSE chunks read token by token, [DONE], usage (default: inferred from a path "
+        "ending in /completions or /chat/completions)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", default=None,
+        help="model name the API asks for (default with --api: the first of GET /v1/models; fills {{model}})",
+    )  # fmt: skip
+    p.add_argument(
+        "--body", default=None, metavar="FILE",
+        help="JSON request body with placeholders {{prompt}} {{prompt_tokens}} {{output_tokens}} {{index}} "
+        "{{input_index}} {{model}}; a string that is exactly one placeholder takes the value's type",
+    )  # fmt: skip
+    p.add_argument(
+        "--header", dest="headers", action="append", default=[], metavar="'NAME: VALUE'",
+        help="extra request header (repeatable), e.g. 'Authorization: Bearer KEY' ($OPENAI_API_KEY is "
+        "sent as a bearer token with --api when no Authorization header is given)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prompt-tokens", type=int, default=128,
+        help="prompt length of requests whose schedule has no token counts (synthetic schedules; default 128)",
+    )  # fmt: skip
+    p.add_argument(
+        "--output-tokens", type=int, default=32,
+        help="max_tokens of requests whose schedule has no token counts (default 32)",
+    )  # fmt: skip
     p.add_argument(
         "--rate",
         type=float,
@@ -105,6 +141,17 @@ def run(args: argparse.Namespace) -> int:
     )
     if not len(schedule):
         raise UserError("the schedule is empty: raise --rate or --duration")
+    headers: dict[str, str] = {}
+    for h in args.headers:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip() or any(c in h for c in "\r\n"):
+            raise UserError(f"--header must be 'NAME: VALUE', got {h!r}")
+        headers[name.strip()] = value.strip()
+    body = None
+    if args.body is not None:
+        from stagescope.loadgen.template import BodyTemplate
+
+        body = BodyTemplate.from_file(args.body)
     err = Console(stderr=True)
     show = not args.no_progress and err.is_terminal
 
@@ -128,6 +175,12 @@ def run(args: argparse.Namespace) -> int:
                     predict_dim=args.predict_dim,
                     seed=args.seed,
                     realtime=args.realtime,
+                    api=args.api,
+                    body=body,
+                    model=args.model,
+                    headers=headers,
+                    prompt_tokens=args.prompt_tokens,
+                    output_tokens=args.output_tokens,
                 )
         finally:
             loop.remove_signal_handler(signal.SIGINT)
@@ -137,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result.summary.to_dict(), indent=2), flush=True)
         else:
-            out = Console()
+            out = Console(width=None if sys.stdout.isatty() else 200)  # off a terminal: no wrapping at 80
             out.print(summary_table(result.summary))
             out.print(
                 f"results: {result.out} ({len(result.results)} rows), client spans: {result.spans_written}"

@@ -8,9 +8,10 @@ parsed incrementally in ``data_received``: no task per request, about a fifth of
 Supported: keep-alive connection pool (one request per connection at a time, no pipelining),
 ``Content-Length``, ``Transfer-Encoding: chunked`` and read-until-close bodies, TLS (``https``),
 per-request timeouts, one retry of a request whose reused keep-alive connection was closed by the
-server before any byte of the answer came back. Stream bodies (``text/event-stream``, NDJSON) are cut
-into lines as they arrive; each SSE ``data:`` line or NDJSON line (not ``[DONE]``) is one token event
-stamped with the arrival time of the bytes that completed it.
+server before any byte of the answer came back. Stream bodies (``text/event-stream``, NDJSON) go to a
+stream reader (:mod:`stagescope.loadgen.streams`) as they arrive, each piece with the arrival time of
+its bytes: by default every SSE ``data:`` line or NDJSON line (not ``[DONE]``) is one token event; an
+OpenAI-compatible stream is read event by event.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from stagescope.loadgen.results import RequestResult
+from stagescope.loadgen.streams import LineStream, StreamReader
 
 __all__ = ["ConnectionPool", "Exchange", "build_request", "origin_and_path", "wall_ns"]
 
 _ANCHOR_WALL_NS = time.time_ns()
 _ANCHOR_MONO_NS = time.perf_counter_ns()
 _STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson", b"application/jsonl", b"application/json-seq")
-_NON_TOKEN_PREFIXES = (b":", b"event:", b"id:", b"retry:")
 _MAX_HEAD = 64 * 1024
+
+#: Makes the reader of one streamed response body (it records token events on the result).
+StreamFactory = Callable[[RequestResult], StreamReader]
 
 
 def wall_ns(mono_ns: int | None = None) -> int:
@@ -40,29 +44,22 @@ def wall_ns(mono_ns: int | None = None) -> int:
     return _ANCHOR_WALL_NS + (mono_ns - _ANCHOR_MONO_NS)
 
 
-def _token_count(line: bytes) -> int:
-    s = line.strip()
-    if not s or s.startswith(_NON_TOKEN_PREFIXES):
-        return 0
-    if s.startswith(b"data:"):
-        s = s[5:].strip()
-    return 0 if s in (b"[DONE]", b"") else 1
-
-
 class Exchange:
     """One request and its response, filling a :class:`RequestResult` as bytes arrive.
 
     ``on_done(exchange)`` is called exactly once, when the response is complete or the exchange failed
-    (``result.error`` set; ``connect_failed`` tells a refused connection apart).
+    (``result.error`` set; ``connect_failed`` tells a refused connection apart). ``stream`` makes the
+    reader of a streamed body (default :class:`~stagescope.loadgen.streams.LineStream`).
     """
 
     __slots__ = (
         "_body_left",
         "_buf",
         "_chunk_state",
-        "_line_buf",
         "_mode",
+        "_reader",
         "_stream",
+        "_stream_factory",
         "connect_failed",
         "done",
         "keep_alive",
@@ -73,8 +70,15 @@ class Exchange:
         "timer",
     )
 
-    def __init__(self, payload: bytes, result: RequestResult, on_done: Callable[[Exchange], None]) -> None:
+    def __init__(
+        self,
+        payload: bytes,
+        result: RequestResult,
+        on_done: Callable[[Exchange], None],
+        stream: StreamFactory | None = None,
+    ) -> None:
         self.payload = payload
+        self._stream_factory: StreamFactory = stream or LineStream
         self.result = result
         self.on_done = on_done
         self.done = False
@@ -90,7 +94,7 @@ class Exchange:
         self._body_left = 0
         self._chunk_state = "size"  # size | data | crlf | trailer
         self._stream = False
-        self._line_buf = b""
+        self._reader: StreamReader | None = None
 
     @property
     def got_bytes(self) -> bool:
@@ -190,6 +194,8 @@ class Exchange:
         self._stream = ctype in _STREAM_TYPES
         if self._stream:
             self.result.token_ns = []
+            self.result.usage_output_tokens = None
+            self._reader = self._stream_factory(self.result)
         if status in (204, 304):
             self._mode = "done"
         elif chunked:
@@ -240,21 +246,13 @@ class Exchange:
                     return True
 
     def _body(self, data: bytes, now_wall: int) -> None:
-        if not self._stream:
-            return
-        tokens = self.result.token_ns
-        assert tokens is not None
-        lines = (self._line_buf + data).split(b"\n")
-        self._line_buf = lines.pop()
-        for line in lines:
-            if _token_count(line):
-                tokens.append(now_wall)
+        if self._reader is not None:
+            self._reader.feed(data, now_wall)
 
     def _end_stream(self, now_wall: int) -> None:
-        if self._stream and self._line_buf:
-            if _token_count(self._line_buf) and self.result.token_ns is not None:
-                self.result.token_ns.append(now_wall)
-            self._line_buf = b""
+        if self._reader is not None:
+            self._reader.close(now_wall)
+            self._reader = None
         self._mode = "done"
 
     def connection_closed(self) -> None:

@@ -48,7 +48,9 @@ RESULTS_SCHEMA = pa.schema(
         pa.field("itl_mean_ms", pa.float64()),
         pa.field("itl_p99_ms", pa.float64()),
         pa.field("itl_max_ms", pa.float64()),
-        pa.field("n_tokens", pa.int64()),  # token events received on the stream
+        # output tokens: the server's own count (OpenAI usage.completion_tokens) when it sent one, else
+        # the token events received on the stream
+        pa.field("n_tokens", pa.int64()),
         pa.field("prompt_tokens", pa.int64()),  # requested prompt length
         pa.field("output_tokens", pa.int64()),  # requested max_tokens
         pa.field("input_hash", pa.string()),
@@ -74,6 +76,7 @@ class RequestResult:
     output_tokens: int | None = None
     input_hash: str | None = None
     span_id: str = ""
+    usage_output_tokens: int | None = None  # the server's own output-token count (OpenAI ``usage``)
 
     @property
     def ok(self) -> bool:
@@ -112,7 +115,8 @@ def results_table(results: Sequence[RequestResult]) -> pa.Table:
         else:
             for k in ("itl_mean_ms", "itl_p99_ms", "itl_max_ms"):
                 cols[k].append(None)
-        cols["n_tokens"].append(len(tokens) if tokens is not None else None)
+        n = r.usage_output_tokens
+        cols["n_tokens"].append(n if n is not None else (len(tokens) if tokens is not None else None))
         cols["prompt_tokens"].append(r.prompt_tokens)
         cols["output_tokens"].append(r.output_tokens)
         cols["input_hash"].append(r.input_hash)
@@ -167,7 +171,8 @@ class Summary:
     url: str
     route: str
     source: str
-    target_rate_rps: float
+    target_rate_rps: float | None  # the rate asked for (--rate), None for a trace replayed at its pace
+    schedule_rate_rps: float  # the schedule's own mean rate: a Poisson draw of 20 req/s may hold 18.1
     duration_s: float
     scheduled: int
     due: int  # requests whose intended time came before the run stopped
@@ -175,7 +180,8 @@ class Summary:
     completed: int
     ok: int
     errors: int
-    achieved_rate_rps: float  # sent / duration (the schedule span the run covered)
+    achieved_rate_rps: float  # sent / duration (the schedule span the run covered): equals the schedule's
+    # own rate when every scheduled request was sent
     send_lag_ms: dict[str, float | None]  # actual - intended send
     latency_ms: dict[str, float | None]  # corrected (from intended send), successful requests
     naive_latency_ms: dict[str, float | None]  # from actual send, successful requests
@@ -186,6 +192,8 @@ class Summary:
     stopped_early: str | None = None  # why sending stopped before the schedule ended, if it did
     concurrency_cap: int | None = None
     realtime: bool = False  # sender and loop threads ran under SCHED_FIFO
+    api: str | None = None  # "openai-completions" | "openai-chat" | None (any SSE/NDJSON stream)
+    model: str | None = None  # the model the requests asked for (OpenAI APIs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,12 +205,15 @@ def summarize(
     url: str,
     route: str,
     source: str,
-    target_rate_rps: float,
+    target_rate_rps: float | None,
     duration_s: float,
     scheduled: int,
     stopped_early: str | None = None,
     concurrency_cap: int | None = None,
     realtime: bool = False,
+    schedule_rate_rps: float | None = None,
+    api: str | None = None,
+    model: str | None = None,
 ) -> Summary:
     """Aggregate per-request results into a :class:`Summary`."""
     sent = [r for r in results if r.sent_ns is not None]
@@ -223,6 +234,8 @@ def summarize(
         route=route,
         source=source,
         target_rate_rps=target_rate_rps,
+        schedule_rate_rps=schedule_rate_rps if schedule_rate_rps is not None else (
+            scheduled / duration_s if duration_s > 0 else 0.0),
         duration_s=duration_s,
         scheduled=scheduled,
         due=len(results),
@@ -241,4 +254,6 @@ def summarize(
         stopped_early=stopped_early,
         concurrency_cap=concurrency_cap,
         realtime=realtime,
+        api=api,
+        model=model,
     )

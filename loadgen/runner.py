@@ -41,7 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stagescope.loadgen.bodies import BodyFactory
-from stagescope.loadgen.http import ConnectionPool, Exchange, build_request, origin_and_path, wall_ns
+from stagescope.loadgen.http import (
+    ConnectionPool,
+    Exchange,
+    StreamFactory,
+    build_request,
+    origin_and_path,
+    wall_ns,
+)
 from stagescope.loadgen.results import RequestResult
 from stagescope.loadgen.schedule import Schedule
 from stagescope.loadgen.spans import new_ids, traceparent
@@ -94,7 +101,10 @@ def _set_realtime() -> tuple[int, os.sched_param] | None:
 
 
 class Engine:
-    """One open-loop run of ``schedule`` against ``url + route``. Use :func:`stagescope.loadgen.run_load`."""
+    """One open-loop run of ``schedule`` against ``url + route``. Use :func:`stagescope.loadgen.run_load`.
+
+    ``path``: the request target, when it is not ``url``'s path + ``route`` (a query string);
+    ``stream``: the reader of streamed bodies (default: one token event per SSE/NDJSON line)."""
 
     def __init__(
         self,
@@ -114,11 +124,14 @@ class Engine:
         headers: dict[str, str] | None = None,
         method: str = "POST",
         realtime: bool = False,
+        path: str | None = None,
+        stream: StreamFactory | None = None,
     ) -> None:
         if concurrency_cap is not None and concurrency_cap < 1:
             raise ValueError(f"concurrency_cap must be >= 1, got {concurrency_cap}")
         self.origin, base_path, self.host_header = origin_and_path(url)
-        self.path = base_path + route
+        self.path = path if path is not None else base_path + route
+        self.stream = stream
         self.url = url.rstrip("/") + route
         self.route = route
         self.method = method
@@ -271,7 +284,7 @@ class Engine:
         now = time.perf_counter_ns()
         item.result.sent_ns = wall_ns(now)
         self._recent_sends.append(now)
-        pool.submit(Exchange(item.payload, item.result, self._on_done))
+        pool.submit(Exchange(item.payload, item.result, self._on_done, self.stream))
 
     def _on_done(self, ex: Exchange) -> None:
         r = ex.result
