@@ -146,3 +146,8 @@ def test_every_module_an_extra_names_is_installed_in_the_dev_venv() -> None:
 
     for extra in ("service", "otel-fastapi", "serve", "loadgen", "analysis", "dashboards", "gpu", "demo"):
         assert missing(extra) == [], extra
+def test_readme_names_each_extra() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Use it in your service", 1)[1].split("\n## ", 1)[0]
+    for extra in EXTRAS:
+        assert f"`{extra}`" in section or f"[{extra}" in section or f",{extra}" in section, extra
