@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stagescope.errors import UserError
     from stagescope.loadgen.api import build_schedule, run_load
-    from stagescope.loadgen.display import LiveProgress, summary_table
+    from stagescope.loadgen.display import LiveProgress, rate_line, summary_table
 
     if args.trace is None and args.rate is None:
         raise UserError("give --rate R (with --duration S) or --trace PATH")
@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             out = Console(width=None if sys.stdout.isatty() else 200)  # off a terminal: no wrapping at 80
             out.print(summary_table(result.summary))
+            out.print(rate_line(result.summary), highlight=False)
             out.print(
                 f"results: {result.out} ({len(result.results)} rows), client spans: {result.spans_written}"
             )
