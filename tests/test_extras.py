@@ -151,3 +151,28 @@ def test_readme_names_each_extra() -> None:
     section = readme.split("## Use it in your service", 1)[1].split("\n## ", 1)[0]
     for extra in EXTRAS:
         assert f"`{extra}`" in section or f"[{extra}" in section or f",{extra}" in section, extra
+
+
+def test_a_module_the_table_does_not_know_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A third-party import failing inside a command (a dependency the extras table lacks) is one line
+    naming the command's extra; a missing stagescope module is a bug and stays a traceback."""
+    import stagescope.alerts.cli as alerts_cli
+    import stagescope.dashboards.cli as dashboards_cli
+    from stagescope.cli import main
+
+    def needs_pkg(args: object) -> int:
+        raise ModuleNotFoundError("No module named 'grafanalib_next'", name="grafanalib_next.core")
+
+    monkeypatch.setattr(dashboards_cli, "run", needs_pkg)
+    assert main(["dashboards", "build", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("stagescope dashboards: error: needs the Python module 'grafanalib_next', which is not "
+                   "installed: pip install 'stagescope[dashboards]'\n")  # fmt: skip
+
+    def broken(args: object) -> int:
+        raise ModuleNotFoundError("No module named 'stagescope.nothing'", name="stagescope.nothing")
+
+    monkeypatch.setattr(alerts_cli, "run", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["alerts", "build", "--slo", "s.yaml", "--out", "x"])
