@@ -21,7 +21,8 @@ analysis   breach analysis: DuckDB, polars, pyarrow, numpy,     ``stagescope ana
 dashboards grafanalib                                            ``stagescope dashboards build``
 gpu        nvidia-ml-py (NVML)                                   ``stagescope gpu-exporter`` reads GPUs
 demo       serve + loadgen + analysis + dashboards + httpx       ``stagescope demo``
-notebooks  jupytext, nbclient, nbformat, ipykernel               executing the incident notebook
+notebooks  analysis + jupytext, nbclient, nbformat, ipykernel    executing the incident notebook
+lab        notebooks + jupyterlab                                ``make lab``
 all        every extra above                                     everything
 ========== ==================================================== ====================================
 
@@ -58,6 +59,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 INCLUDES: dict[str, tuple[str, ...]] = {
     "serve": ("service",),
     "demo": ("serve", "loadgen", "analysis", "dashboards"),
+    "notebooks": ("analysis",),
+    "lab": ("notebooks",),
     "all": ("service", "otel-fastapi", "serve", "redis", "loadgen", "analysis", "dashboards", "gpu", "demo",
             "notebooks"),
 }  # fmt: skip
