@@ -9,8 +9,8 @@ outside the repository with a clean environment:
 * ``[all]``: ``stagescope demo --duration 5`` (the arrival trace comes from the package data).
 
 Venvs are kept between runs under ``$STAGESCOPE_TEST_VENVS`` (default ``~/.cache/stagescope/test-venvs``),
-one per (Python version, extra, the wheel's exact ``Requires-Dist`` lines): a venv is reused only for
-the same dependency set, and every run replaces its stagescope with the wheel just built
+one per (Python version, extra, the wheel's exact ``Requires-Dist`` lines that this extra installs): a
+venv is reused only for the same dependency set, and every run replaces its stagescope with the wheel just built
 (``--no-deps --force-reinstall``), then ``pip check`` confirms the dependencies still satisfy it. A lock
 file serializes runs that share one. ``STAGESCOPE_TEST_FRESH_VENV=1`` builds them anew.
 """
@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,11 +77,31 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return whl
 
 
-def _requires(whl: Path) -> list[str]:
+def _requires(whl: Path, extra: str) -> list[str]:
+    """The wheel's ``Requires-Dist`` lines that ``pip install 'stagescope[extra]'`` installs: the core's
+    and those of ``extra`` and of every extra it includes (``stagescope[...]`` lines followed)."""
     with zipfile.ZipFile(whl) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         text = z.read(meta).decode()
-    return sorted(line for line in text.splitlines() if line.startswith("Requires-Dist:"))
+    lines = [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Requires-Dist:")]
+    by_extra: dict[str | None, list[str]] = {}
+    for ln in lines:
+        req, _, marker = ln.partition(";")
+        m = re.fullmatch(r'\s*extra == "([^"]+)"\s*', marker) if marker else None
+        by_extra.setdefault(m.group(1) if m else None, []).append(req.strip())
+    out, todo, seen = set(by_extra.get(None, [])), [extra], set()
+    while todo:
+        e = todo.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        for req in by_extra.get(e, []):
+            inc = re.fullmatch(r"stagescope\[([^\]]+)\]", req)
+            if inc:
+                todo.extend(inc.group(1).split(","))
+            else:
+                out.add(f"{req} ({e})")
+    return sorted(out)
 
 
 def _prune(root: Path, extra: str, keep: Path) -> None:
@@ -101,7 +122,7 @@ def _prune(root: Path, extra: str, keep: Path) -> None:
 @contextlib.contextmanager
 def venv_with(whl: Path, extra: str) -> Iterator[Path]:
     """A venv holding ``stagescope[extra]`` from ``whl`` (see the module docstring), locked while in use."""
-    key = hashlib.sha256(json.dumps([sys.version, extra, _requires(whl)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([sys.version, extra, _requires(whl, extra)]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("STAGESCOPE_TEST_VENVS", Path.home() / ".cache" / "stagescope" / "test-venvs"))
     root.mkdir(parents=True, exist_ok=True)
     venv = root / f"{extra}-{key}"
@@ -115,7 +136,7 @@ def venv_with(whl: Path, extra: str) -> Iterator[Path]:
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
             proc = subprocess.run([*pip, f"{whl}[{extra}]"], capture_output=True, text=True, timeout=1800)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            (venv / ".complete").write_text(json.dumps(_requires(whl)))
+            (venv / ".complete").write_text(json.dumps(_requires(whl, extra)))
         else:
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
             proc = subprocess.run([*pip, "--no-deps", "--force-reinstall", str(whl)], capture_output=True,
