@@ -20,8 +20,9 @@ from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
+from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
-from stagescope.names import UNATTRIBUTED
+from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
 from stagescope.slo import SLO, parse_slo
 
 __all__ = ["analyze", "connection", "frames"]
@@ -186,9 +187,10 @@ def _analyze(
     warnings: list[str] | None,
 ) -> dict[str, Any]:
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
-    slos, notes = B.resolve_slos(con, _slos(slo))
+    given = _slos(slo)
+    slos, notes = B.resolve_slos(con, given)
     warns += notes
-    chosen, others = _pick(con, slos)
+    chosen, others = _pick(con, slos or given[:1])
     ev_res = B.evaluate(con, chosen, window)
     view: B.SLIView = ev_res["view"]
     warns += view.warnings
@@ -196,6 +198,8 @@ def _analyze(
     breached = ev_res["breached"]
     report: dict[str, Any] = {
         "slo": chosen.to_dict(),
+        "status": STATUS_BREACHED if breached else STATUS_MET,
+        "no_data_reason": None,
         "requests": _request_count(con, view),
         "samples": view.count,
         "breached": breached,
@@ -210,8 +214,13 @@ def _analyze(
     counters = _server_counters(con)
     if counters:
         report["server_counters"] = counters
-    if view.count == 0:
-        warns.append(f"no samples for SLO {chosen.spec}: nothing to analyse")
+    if view.count == 0:  # no data is never a verdict
+        report["status"], report["breached"] = STATUS_NO_DATA, None
+        files, inputs = getattr(dataset, "files", None), getattr(dataset, "trace_inputs", None)
+        why = [(s, no_data_reason(con, s, files=files, inputs=inputs)) for s in (given if not slos else [chosen])]
+        report["no_data_reason"] = (
+            why[0][1] if len(why) == 1 else "; ".join(f"SLO {s.name!r} ({s.spec}): {r}" for s, r in why)
+        )
         return report
     attr = A.attribute(con, view, breached, qs)
     if attr.baseline_n == 0:

@@ -33,7 +33,9 @@ __all__ = [
     "neighbourhood_quantile",
     "network_expr",
     "quantiles",
+    "request_filter",
     "resolve_slos",
+    "scope_filter",
     "sli_view",
     "sql_str",
     "windows",
@@ -73,13 +75,25 @@ class SLIView:
         return f"(SELECT DISTINCT trace_id, start_unix_ns FROM {self.name})"
 
 
-def _request_filter(slo: SLO) -> str:
-    conds = ["coalesce(status_code, 0) <> 429"]
+#: Requests answered 429 (load shed) are not latency samples.
+NOT_SHED = "coalesce(status_code, 0) <> 429"
+
+
+def scope_filter(slo: SLO) -> str:
+    """SQL condition on ``requests``: the requests an SLO is about (its route and model), shed or not."""
+    conds = []
     if slo.route is not None:
         conds.append(f"route = {sql_str(slo.route)}")
     if slo.model is not None:
         conds.append(f"model = {sql_str(slo.model)}")
-    return " AND ".join(conds)
+    return " AND ".join(conds) or "true"
+
+
+def request_filter(slo: SLO) -> str:
+    """SQL condition on ``requests``: the requests whose samples an SLO reads (:func:`scope_filter`
+    and not shed). A filter on requests, nothing more: weights and sampling apply after it."""
+    scope = scope_filter(slo)
+    return NOT_SHED if scope == "true" else f"{NOT_SHED} AND {scope}"
 
 
 def network_expr(slo: SLO) -> str:
@@ -89,7 +103,7 @@ def network_expr(slo: SLO) -> str:
 
 def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> SLIView:
     """Create (or replace) the temp table of ``slo``'s samples and count them."""
-    flt = _request_filter(slo)
+    flt = request_filter(slo)
     warnings: list[str] = []
     per_request = True
     if slo.sli == SLI_E2E:
@@ -134,8 +148,7 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
             con.execute(per_request_sql)
     row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
     count = int(row[0]) if row else 0
-    shed_flt = flt.replace("coalesce(status_code, 0) <> 429", "status_code = 429")
-    srow = con.execute(f"SELECT count(*) FROM requests WHERE {shed_flt}").fetchone()
+    srow = con.execute(f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}").fetchone()
     shed = int(srow[0]) if srow else 0
     if shed:
         warnings.append(f"{shed} requests were shed (HTTP 429) and are not latency samples")
@@ -231,13 +244,14 @@ def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[
     """Keep the SLOs the data can answer: its route and model occur and its SLI has samples.
 
     A one-line spec always applies (no route). For an SLO file, SLOs for routes or SLIs absent from
-    the data are skipped with a note; if none remain that is a user error."""
+    the data are skipped with a note; when none remain the list is empty (the report is then
+    ``no_data``: no data is never a verdict, nor a usage error)."""
     if len(slos) == 1 and slos[0].route is None and slos[0].model is None:
         return slos, []
     kept: list[SLO] = []
     notes: list[str] = []
     for slo in slos:
-        flt = _request_filter(slo)
+        flt = request_filter(slo)
         col = {SLI_E2E: "duration_ms", SLI_TTFT: "ttft_ms"}.get(slo.sli, "coalesce(itl_p99_ms, itl_mean_ms)")
         if slo.sli == SLI_ITL:
             cond = f"({col} IS NOT NULL OR trace_id IN (SELECT trace_id FROM token_gaps))"
@@ -250,9 +264,7 @@ def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[
             notes.append(
                 f"SLO {slo.name!r} ({slo.spec}, route {slo.route or 'any'}) has no samples in the data"
             )
-    if not kept:
-        raise UserError("no SLO in the SLO file matches the data: " + "; ".join(notes))
-    return kept, notes
+    return kept, notes if kept else []
 
 
 def evaluate(con: duckdb.DuckDBPyConnection, slo: SLO, window: str = DEFAULT_WINDOW) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """``stagescope analyze``: which stage ate the tail, and which lever fixes it.
 
-Exit status 0 whether or not the SLO was breached (the report says which); 2 with one line on stderr
-for bad input (a file, its line, and what is wrong).
+Exit status 0 whether or not the SLO was breached (the report's ``status`` says which); 3 when the SLO
+had no samples (``status`` ``no_data``: no data is never a verdict, and ``no_data_reason`` says why);
+2 with one line on stderr for bad input (a file, its line, and what is wrong).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from stagescope.errors import UserError
+from stagescope.errors import EXIT_NO_DATA, UserError
+from stagescope.names import STATUS_NO_DATA
 
 __all__ = ["register", "run"]
 
@@ -26,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Jaeger JSON) and metrics against an SLO: breached or not, which stage owns the excess latency "
             "of the slow requests, which no-retrain lever fixes it and the predicted quantile after it. "
             "SLIs are server side: e2e = arrival to last byte; ttft = arrival to first token (vLLM's "
-            "metric meaning); itl = each gap between consecutive tokens (vLLM's meaning, not a per-request mean)."
+            "metric meaning); itl = each gap between consecutive tokens (vLLM's meaning, not a per-request mean). "
+            "Exit status: 0 breached or met, 3 no data (0 samples: the report says why), 2 bad input."
         ),
     )
     p.add_argument("--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories")
@@ -78,4 +81,4 @@ def run(args: argparse.Namespace) -> int:
             out.write_text(text, encoding="utf-8")
         except OSError as exc:
             raise UserError(f"{out}: cannot write report: {exc.strerror or exc}") from None
-    return 0
+    return EXIT_NO_DATA if report["status"] == STATUS_NO_DATA else 0

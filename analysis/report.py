@@ -11,7 +11,9 @@ import html
 import json
 from typing import Any
 
-__all__ = ["render", "to_html", "to_json", "to_text"]
+from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA
+
+__all__ = ["headline", "render", "status", "to_html", "to_json", "to_text"]
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -29,11 +31,21 @@ def _q_name(report: dict[str, Any]) -> str:
     return q if slo["sli"] == "e2e" else f"{slo['sli']} {q}"
 
 
+def status(report: dict[str, Any]) -> str:
+    """``breached``, ``met`` or ``no_data`` (reports written before ``status`` existed: from ``breached``)."""
+    if "status" in report:
+        return str(report["status"])
+    return STATUS_BREACHED if report.get("breached") else STATUS_MET
+
+
 def headline(report: dict[str, Any]) -> list[str]:
-    """The verdict in a few lines (shared by text and HTML)."""
+    """The verdict in a few lines (shared by text and HTML). No data is never a verdict: a report
+    without samples says NO DATA and why, not "met"."""
     slo = report["slo"]
+    if status(report) == STATUS_NO_DATA:
+        return [f"SLO {slo['spec']}: NO DATA -- 0 samples: {report.get('no_data_reason') or 'no reason recorded'}"]
     lines = [
-        f"SLO {slo['spec']}: {'BREACHED' if report['breached'] else 'met'} -- {_q_name(report)} "
+        f"SLO {slo['spec']}: {'BREACHED' if status(report) == STATUS_BREACHED else 'met'} -- {_q_name(report)} "
         f"{_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over {report['samples']} samples"
     ]
     v = report.get("verdict")
@@ -52,9 +64,10 @@ def to_text(report: dict[str, Any]) -> str:
     """A short terminal summary."""
     out = headline(report)
     lat = report["latency_ms"]
-    out.append(
-        f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
-    )
+    if status(report) != STATUS_NO_DATA:
+        out.append(
+            f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
+        )
     if report["attribution"]:
         out.append("")
         out.append(
@@ -113,6 +126,7 @@ body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 .verdict{padding:12px 16px;border-radius:6px;margin:12px 0;font-size:15px}
 .breached{background:#fdecea;border-left:6px solid #d62728} .met{background:#e8f5e9;border-left:6px solid #2ca02c}
+.nodata{background:#eeeeee;border-left:6px solid #777777}
 table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child,td.text{text-align:left} .plot{margin:10px 0} .plot img{max-width:100%;border:1px solid #eee}
 .small{color:#666;font-size:12px} .grid{display:flex;flex-wrap:wrap;gap:12px}
@@ -147,7 +161,7 @@ def to_html(report: dict[str, Any]) -> str:
     from stagescope.analysis import plots
 
     e = html.escape
-    cls = "breached" if report["breached"] else "met"
+    cls = {STATUS_BREACHED: "breached", STATUS_NO_DATA: "nodata"}.get(status(report), "met")
     verdict = "<br>".join(e(x) for x in headline(report))
     attr_rows = [
         [r["stage"], f"{r['excess_ms']:.1f}", f"{r['share']:.0%}", _num(r.get("tail_mean_ms")),
@@ -164,11 +178,16 @@ def to_html(report: dict[str, Any]) -> str:
         for s in report.get("slowest", [])
     ]  # fmt: skip
     lat = report["latency_ms"]
-    parts = [
+    head = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>stagescope report: {e(report['slo']['spec'])}</title><style>{_CSS}</style></head><body>",
         "<h1>stagescope breach analysis</h1>",
         f"<div class='verdict {cls}' id='verdict'>{verdict}</div>",
+    ]
+    if status(report) == STATUS_NO_DATA:  # nothing to break down or plot: the reason and the warnings
+        return "\n".join([*head, *_warnings_html(report), "</body></html>\n"])
+    parts = [
+        *head,
         f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
         "<h2>Where the tail's time went</h2>",
@@ -178,9 +197,7 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows)
-        if lever_rows
-        else "<p>No lever: the SLO is met.</p>",
+        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
@@ -194,12 +211,24 @@ def to_html(report: dict[str, Any]) -> str:
     counters = [x for x in counter_lines(report) if x]
     if counters:
         parts.append("<h2>Server counters</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in counters) + "</ul>")
-    if report.get("warnings"):
-        parts.append(
-            "<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>"
-        )
+    parts += _warnings_html(report)
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def _warnings_html(report: dict[str, Any]) -> list[str]:
+    if not report.get("warnings"):
+        return []
+    return ["<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"]
+
+
+def _no_lever(report: dict[str, Any]) -> str:
+    st = status(report)
+    if st == STATUS_NO_DATA:
+        return "No lever: no samples to analyse."
+    if st == STATUS_MET:
+        return "No lever: the SLO is met."
+    return "No lever: no rule matched the stages that own the excess latency."
 
 
 def render(report: dict[str, Any], fmt: str = "text") -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_USAGE", "UserError"]
+__all__ = ["EXIT_NO_DATA", "EXIT_USAGE", "UserError"]
 
 #: Exit status for bad input (bad file, bad option, unknown scenario, port in use ...).
 EXIT_USAGE = 2
+#: Exit status of a command whose answer is "no data" (an SLO with 0 samples): not a verdict, not a
+#: usage error either (the input was valid; it held nothing the SLO is about).
+EXIT_NO_DATA = 3
 
 
 class UserError(Exception):

@@ -101,6 +101,18 @@ SLI_ITL: Final = "itl"  # server: gap between consecutive tokens of one stream (
 SLIS: Final[tuple[str, ...]] = (SLI_E2E, SLI_TTFT, SLI_ITL)
 
 # --------------------------------------------------------------------------------------------------
+# Report status (``report["status"]`` of `stagescope analyze`, every per-route entry too). No data is
+# never a verdict: an SLO with 0 samples is ``no_data`` with ``breached`` null, not "met".
+# --------------------------------------------------------------------------------------------------
+STATUS_BREACHED: Final = "breached"  # the SLO's quantile is above its threshold
+STATUS_MET: Final = "met"  # the SLO's quantile is at or below its threshold, over at least one sample
+STATUS_NO_DATA: Final = "no_data"  # no sample for the SLO: report["no_data_reason"] says why
+#: Worst first: the order in which a report over several routes (or SLOs) picks its top level. An SLO
+#: that could not be checked ranks above one that was checked and met, so "met" at the top means every
+#: entry was checked and met.
+STATUSES: Final[tuple[str, ...]] = (STATUS_BREACHED, STATUS_NO_DATA, STATUS_MET)
+
+# --------------------------------------------------------------------------------------------------
 # Prometheus metric names (stagescope's own). Durations in seconds.
 # --------------------------------------------------------------------------------------------------
 METRIC_REQUEST_DURATION: Final = "stagescope_request_duration_seconds"  # histogram: route, model, status_class

@@ -56,12 +56,15 @@ METRIC_SAMPLES_DDL = (
 
 @dataclass
 class Dataset:
-    """The ingested data: ``con`` holds the relations; ``warnings`` and ``files`` say what was read."""
+    """The ingested data: ``con`` holds the relations; ``warnings``, ``files`` and ``trace_inputs``
+    say what was read."""
 
     con: duckdb.DuckDBPyConnection
     warnings: list[str] = field(default_factory=list)
     files: list[FileSummary] = field(default_factory=list)
     workdir: Path | None = None
+    #: The trace paths (files and folders) the dataset was loaded from, as given.
+    trace_inputs: list[str] = field(default_factory=list)
     _tempdir: Path | None = None
     _finalizer: Any = field(default=None, init=False, repr=False)
 
@@ -154,7 +157,7 @@ def load_dataset(
     elif _input_bytes(raw_traces) > DISK_THRESHOLD_BYTES:
         db = tempdir / "stagescope.duckdb"
     con = _connect(db, tempdir, memory_limit, threads)
-    ds = Dataset(con, workdir=wd, _tempdir=tempdir)
+    ds = Dataset(con, workdir=wd, _tempdir=tempdir, trace_inputs=[str(p) for p in traces])
     try:
         _fill(ds, pre, raw_traces, metrics, results, prometheus, window, skip_bad, tempdir, prometheus_step_s)
     except BaseException:

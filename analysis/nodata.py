@@ -1,0 +1,182 @@
+"""Why an SLO has no samples: the ``no_data_reason`` of a report whose status is ``no_data``.
+
+No data is never a verdict: an SLO with 0 samples is neither met nor breached, and the report says
+what was read and at which step the samples ran out, the way a reader would check it by hand:
+
+1. the inputs: an empty folder, a folder without trace files, files without spans;
+2. the request spans: spans were read but none is a request (a SERVER span, or a root span);
+3. the route and model the SLO is about: not in the data (the routes or models that are);
+4. shed requests: every request of the route was answered 429 (not a latency sample);
+5. the SLI's attribute: requests exist, none carries what the SLI reads (a TTFT, token gaps).
+
+Only called for an SLO without samples, so its few queries are off the verdict's path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from stagescope import names as N
+from stagescope.analysis.breach import request_filter, scope_filter, sql_str
+from stagescope.slo import SLO
+
+__all__ = ["LIST_AT_MOST", "Inputs", "no_data_reason", "read_inputs", "sli_attribute", "top_values"]
+
+#: Routes, models and files named in a reason, at most (the rest are counted).
+LIST_AT_MOST = 6
+#: The file kinds that hold spans (analysis.ingest.traces.FileSummary.kind).
+TRACE_KINDS = ("otlp", "sink", "jaeger")
+
+#: What each SLI reads from a request, in the reason's words.
+_SLI_READS = {
+    N.SLI_E2E: "a duration",
+    N.SLI_TTFT: f"a TTFT ({N.VLLM_ATTR_TTFT} or a stream)",
+    N.SLI_ITL: (
+        f"inter-token gaps ({N.ATTR_TOKEN_GAPS}, {N.ATTR_ITL_P99} or {N.ATTR_ITL_MEAN}, or vLLM's decode "
+        "time over more than one output token)"
+    ),
+}
+#: Per request: whether it has a sample of the SLI (the columns breach.sli_view reads).
+SLI_PRESENT = {
+    N.SLI_E2E: "duration_ms IS NOT NULL",
+    N.SLI_TTFT: "ttft_ms IS NOT NULL",
+    N.SLI_ITL: "coalesce(itl_p99_ms, itl_mean_ms) IS NOT NULL",
+}
+
+
+def sli_attribute(sli: str) -> str:
+    """What an SLI reads from a request, for messages: ``"a TTFT (gen_ai.latency...)"``."""
+    return _SLI_READS[sli]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the ingest read: ``text`` in a few words, ``spans`` read (None: not known, the relations
+    were built some other way) and, when no trace file was read at all, ``missing`` says why."""
+
+    text: str
+    spans: int | None
+    missing: str | None = None
+
+
+def _file_list(paths: Sequence[str]) -> str:
+    if len(paths) <= 3:
+        return ", ".join(paths)
+    try:
+        parent = os.path.commonpath([str(Path(p).parent) for p in paths])
+    except ValueError:  # absolute and relative paths mixed
+        parent = ""
+    return f"{len(paths)} files under {parent}" if parent else f"{len(paths)} files ({', '.join(paths[:3])}, ...)"
+
+
+def read_inputs(files: Sequence[Any] | None, inputs: Sequence[str | Path] | None) -> Inputs:
+    """Summarize the ingest's ``FileSummary`` records (``files``) and the trace paths it was given."""
+    if files is None:
+        return Inputs("", None)
+    traces = [f for f in files if getattr(f, "kind", "") in TRACE_KINDS]
+    if not traces:
+        why = []
+        for p in map(Path, inputs or ()):
+            if p.is_dir():
+                empty = not any(p.iterdir())
+                why.append(f"{p} is an empty folder" if empty else f"{p} holds no trace files (.json, .jsonl, .ndjson)")
+        missing = "no trace files read: " + ("; ".join(why) if why else "none given")
+        return Inputs(missing, 0, missing)
+    read = [f for f in traces if not getattr(f, "skipped", False)]
+    spans = sum(int(getattr(f, "spans", 0) or 0) for f in read)
+    skipped = len(traces) - len(read)
+    text = f"read {_plural(spans, 'span')} from {_file_list([str(f.path) for f in read])}" if read else "no file could be read"
+    return Inputs(text + (f" ({skipped} skipped as bad)" if skipped else ""), spans)
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _has(con: duckdb.DuckDBPyConnection, relation: str) -> bool:
+    try:
+        con.execute(f"SELECT 1 FROM {relation} LIMIT 0")
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _count(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    row = con.execute(sql).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def top_values(con: duckdb.DuckDBPyConnection, column: str, where: str = "true") -> str:
+    """``"/v1/a (300 requests), /v1/b (12)"``: the most frequent values of a ``requests`` column."""
+    rows = con.execute(
+        f"SELECT {column}, count(*) n FROM requests WHERE {where} GROUP BY 1 ORDER BY n DESC, 1 "
+        f"LIMIT {LIST_AT_MOST + 1}"
+    ).fetchall()
+    parts = [
+        f"{'(none)' if v is None else v} ({n}{' requests' if i == 0 else ''})"
+        for i, (v, n) in enumerate(rows[:LIST_AT_MOST])
+    ]
+    if len(rows) > LIST_AT_MOST:
+        more = _count(con, f"SELECT count(DISTINCT {column}) FROM requests WHERE {where}") - LIST_AT_MOST
+        parts.append(f"and {more} more")
+    return ", ".join(parts) if parts else "none"
+
+
+def _scope_words(slo: SLO) -> str:
+    parts = [f"{k} {v}" for k, v in (("route", slo.route), ("model", slo.model)) if v is not None]
+    return f" on {' and '.join(parts)}" if parts else ""
+
+
+def no_data_reason(
+    con: duckdb.DuckDBPyConnection,
+    slo: SLO,
+    *,
+    files: Sequence[Any] | None = None,
+    inputs: Sequence[str | Path] | None = None,
+) -> str:
+    """One line: why ``slo`` has no samples in the relations of ``con`` (see the module docstring).
+    ``files`` are the ingest's ``FileSummary`` records and ``inputs`` the trace paths it was given
+    (None when the relations were built some other way)."""
+    got = read_inputs(files, inputs)
+    if got.missing:
+        return got.missing
+    tail = f"; {got.text}" if got.text else ""
+    n_req = _count(con, "SELECT count(*) FROM requests") if _has(con, "requests") else 0
+    if n_req == 0:
+        if got.spans == 0:
+            return f"no spans in the trace files{tail}"
+        n_spans = _count(con, "SELECT count(*) FROM spans") if _has(con, "spans") else 0
+        if n_spans:
+            return (
+                f"{_plural(n_spans, 'span')}, none of them a request span (a SERVER span, or a root span without "
+                f"a parent){tail}"
+            )
+        return f"no request in the data{tail}"
+    for col, value in (("route", slo.route), ("model", slo.model)):
+        if value is not None and not _count(
+            con, f"SELECT count(*) FROM requests WHERE {col} = {sql_str(value)}"
+        ):
+            return f"{col} {value} not in the data: {col}s seen are {top_values(con, col)}{tail}"
+    where = _scope_words(slo)
+    n_kept = _count(con, f"SELECT count(*) FROM requests WHERE {request_filter(slo)}")
+    if n_kept == 0:
+        n_scope = _count(con, f"SELECT count(*) FROM requests WHERE {scope_filter(slo)}")
+        return (
+            f"all {_plural(n_scope, 'request')}{where} were shed (HTTP 429), and shed requests are not latency "
+            f"samples{tail}"
+        )
+    others = ""
+    if slo.route is not None and slo.sli != N.SLI_E2E:
+        with_it = con.execute(
+            f"SELECT route FROM requests WHERE {SLI_PRESENT[slo.sli]} GROUP BY 1 ORDER BY count(*) DESC "
+            f"LIMIT {LIST_AT_MOST}"
+        ).fetchall()
+        if with_it:
+            others = f" (routes with such samples: {', '.join(str(r[0]) for r in with_it)})"
+    return f"{_plural(n_kept, 'request span')} seen{where}, none with {sli_attribute(slo.sli)}{others}{tail}"
