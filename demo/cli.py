@@ -6,7 +6,8 @@
     stagescope demo --scenario saturated --apply-lever
     stagescope demo --all --duration 12               # every scenario, found vs true cause
 
-Progress goes to stderr, the verdict and tables to stdout.
+Progress goes to stderr, the verdict and tables to stdout. Exit status 0 after a verdict, 3 when the
+run's analysis had no samples (no data is never a verdict: the printout says why), 2 for bad input.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stagescope.analysis.report import status
 from stagescope.demo.runner import RunResult, check_port_free, run_scenario
-from stagescope.errors import UserError
+from stagescope.errors import EXIT_NO_DATA, UserError
+from stagescope.names import STATUS_NO_DATA
 from stagescope.paths import ensure_writable_dir
 from stagescope.service.scenarios import SCENARIOS, get_scenario
 
@@ -47,6 +49,10 @@ def _run(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: in
     return result
 
 
+def _measured(report: dict[str, Any]) -> str:
+    return "no data" if status(report) == STATUS_NO_DATA else _ms(report.get("quantile_ms"))
+
+
 def _verdict_lines(report: dict[str, Any]) -> list[str]:
     from stagescope.analysis.report import headline
 
@@ -67,9 +73,13 @@ def _write_dashboards(out: Path) -> None:
 
 
 def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
-    """The ``lever_check.json`` record: measured quantile before and after, and the predicted one."""
+    """The ``lever_check.json`` record: measured quantile before and after, and the predicted one.
+    ``within_slo_after`` is None when the run after the lever had no samples (no data is never a
+    verdict: ``no_data_reason_after`` says why)."""
     report = before.report
     v = report.get("verdict") or {}
+    q_after = after.report.get("quantile_ms")
+    no_data = status(after.report) == STATUS_NO_DATA or q_after is None
     return {
         "scenario": before.scenario,
         "lever": v.get("lever"),
@@ -77,9 +87,17 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         "slo": report["slo"]["spec"],
         "p99_before_ms": report.get("quantile_ms"),
         "predicted_p99_ms": _predicted(report),
-        "p99_after_ms": after.report.get("quantile_ms"),
-        "within_slo_after": (after.report.get("quantile_ms") or float("inf")) <= report["slo"]["threshold_ms"],
+        "p99_after_ms": q_after,
+        "status_after": status(after.report),
+        "within_slo_after": None if no_data else q_after <= report["slo"]["threshold_ms"],
+        "no_data_reason_after": after.report.get("no_data_reason") if no_data else None,
     }
+
+
+def _after_words(check: dict[str, Any]) -> str:
+    if check["within_slo_after"] is None:
+        return f"no data after the lever: {check['no_data_reason_after'] or 'no samples'}"
+    return f"SLO {check['slo_ms']:g} ms: {'met' if check['within_slo_after'] else 'still breached'}"
 
 
 def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int) -> int:
@@ -91,6 +109,8 @@ def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port:
     if before.interrupted:
         err_console.print("interrupted: the report covers what was recorded before Ctrl-C")
         return 130
+    if status(before.report) == STATUS_NO_DATA:  # no data is never a verdict, nor a lever to check
+        return EXIT_NO_DATA
     if not apply_lever:
         return 0
     verdict = before.report.get("verdict")
@@ -107,8 +127,7 @@ def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port:
     q = "p" + f"{before.report['slo']['objective'] * 100:g}"
     out_console.print(
         f"Lever check ({check['lever']}): {q} before {_ms(check['p99_before_ms'])}, predicted "
-        f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} "
-        f"(SLO {check['slo_ms']:g} ms: {'met' if check['within_slo_after'] else 'still breached'})"
+        f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} ({_after_words(check)})"
     )
     return 130 if after.interrupted else 0
 
@@ -136,13 +155,13 @@ def run_all(out: Path, *, duration_s: float, apply_lever: bool, port: int) -> in
             check = lever_check(res, after)
             (out / name / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
             row["after_ms"] = check["p99_after_ms"]
-            ok = ok and check["within_slo_after"]
+            ok = ok and bool(check["within_slo_after"])
             row["ok"] = ok
         mismatches += not ok
         rows.append(row)
         table.add_row(
             name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", sc.slo_spec,
-            _ms(row["measured_ms"]), _ms(row["predicted_ms"]),
+            _measured(res.report), _ms(row["predicted_ms"]),
             *([_ms(row.get("after_ms"))] if apply_lever else []), "yes" if ok else "[red]NO[/red]",
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

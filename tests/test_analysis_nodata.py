@@ -148,3 +148,24 @@ def test_relations_built_by_hand_with_no_sample() -> None:
     assert rep["no_data_reason"].startswith("50 request spans seen, none with a TTFT")
     assert to_text(rep).startswith("SLO ttft:p95<500ms: NO DATA -- 0 samples: 50 request spans seen")
 
+
+
+def test_the_demo_lever_check_never_reads_no_data_as_met() -> None:
+    from stagescope.demo.main import _after_words, lever_check
+    from stagescope.demo.runner import RunResult
+
+    def run(report: dict[str, Any]) -> RunResult:
+        return RunResult("slow-feature-store", False, Path("."), report, 10, None, False, None)
+
+    slo = {"threshold_ms": 300.0, "spec": "p99<300ms", "objective": 0.99}
+    before = {"slo": slo, "status": "breached", "breached": True, "quantile_ms": 600.0,
+              "verdict": {"stage": "feature_fetch", "lever": "cache-features"},
+              "levers": [{"lever": "cache-features", "predicted_p99_ms": 50.0}]}  # fmt: skip
+    after = {"slo": slo, "status": "no_data", "breached": None, "quantile_ms": None,
+             "no_data_reason": "route /v1/predict not in the data"}  # fmt: skip
+    check = lever_check(run(before), run(after))
+    assert check["within_slo_after"] is None and check["status_after"] == "no_data"
+    words = _after_words(check)
+    assert words == "no data after the lever: route /v1/predict not in the data" and "met" not in words
+    after_met = {**after, "status": "met", "breached": False, "quantile_ms": 40.0, "no_data_reason": None}
+    assert lever_check(run(before), run(after_met))["within_slo_after"] is True

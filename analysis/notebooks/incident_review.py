@@ -39,6 +39,7 @@ from IPython.display import HTML, Image, display
 from stagescope.analysis import plots
 from stagescope.analysis.api import analyze, frames
 from stagescope.analysis.report import to_text
+from stagescope.names import STATUS_NO_DATA
 
 dataset: Any
 if TRACES:
@@ -62,6 +63,8 @@ else:
 # %%
 report = analyze(dataset, SLO, window=WINDOW)
 print(to_text(report))
+# no data is never a verdict: with 0 samples the text above says why, and the cells below say so
+NO_DATA = report["status"] == STATUS_NO_DATA
 
 # %% [markdown]
 # ## Attribution: excess latency of the tail against the baseline, per stage (ms)
@@ -78,26 +81,35 @@ levers = pl.DataFrame(
 levers
 
 # %%
-display(Image(plots.breakdown_png(report)))
+def show(png: bytes | None, what: str) -> None:
+    """Display a report plot, or say why there is none."""
+    if png is None:
+        print(f"{what}: nothing to plot" + (" (no data)" if NO_DATA else ""))
+    else:
+        display(Image(png))
+
+
+show(plots.breakdown_png(report), "stage breakdown")
 
 # %% [markdown]
 # ## Latency distribution and time line
 
 # %%
-display(Image(plots.cdf_png(report)))
+show(plots.cdf_png(report), "latency CDF")
 
 # %%
-windows = pl.DataFrame(report["timeline"])
-display(Image(plots.timeline_png(report)))
+timeline = report.get("timeline") or []
+windows = pl.DataFrame(timeline) if timeline else pl.DataFrame(schema={"start_unix_ms": pl.Int64, "breached": pl.Boolean})
+show(plots.timeline_png(report), "time line")
 windows.filter(pl.col("breached")).head(10)
 
 # %% [markdown]
 # ## Slowest traces, and the per-request stage table for your own queries
 
 # %%
-display(Image(plots.slowest_png(report)))
-tables = frames(dataset)
-breakdown = tables["ss_breakdown"]
+show(plots.slowest_png(report), "slowest traces")
+tables = frames(dataset) if not NO_DATA else {}
+breakdown = tables.get("ss_breakdown", pl.DataFrame(schema={"value_ms": pl.Float64}))
 breakdown.sort("value_ms", descending=True).head(10)
 
 # %%
