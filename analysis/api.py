@@ -20,6 +20,7 @@ from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
+from stagescope.analysis import routes as R
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
 from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
@@ -50,28 +51,6 @@ def _slos(slo: str | SLO | list[SLO]) -> list[SLO]:
     if isinstance(slo, str):
         return parse_slo(slo)
     return list(slo)
-
-
-def _pick(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[SLO, list[dict[str, Any]]]:
-    """The SLO the report is about: the breached one furthest over its threshold (else the closest)."""
-    if len(slos) == 1:
-        return slos[0], []
-    scored = []
-    for s in slos:
-        view = B.sli_view(con, s)
-        qs = B.quantiles(con, view)
-        ratio = (qs["q"] or 0.0) / s.threshold_ms
-        scored.append((ratio, s, qs))
-    scored.sort(key=lambda t: -t[0])
-    others = [
-        {
-            "slo": s.to_dict(),
-            "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),
-            "breached": r > 1.0,
-        }
-        for r, s, qs in scored[1:]
-    ]
-    return scored[0][1], others
 
 
 def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
@@ -164,17 +143,22 @@ def analyze(
     dataset: Any,
     slo: str | SLO | list[SLO],
     *,
+    route: str | None = None,
     window: str = B.DEFAULT_WINDOW,
     warnings: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Analyse one incident: the pinned report dict (see the module docstring and the README)."""
+    """Analyse one incident: the pinned report dict (see the module docstring and the README).
+
+    ``route`` checks only that route (the SLOs without a route, and those for it). Otherwise each
+    SLO is checked on each route it applies to, on its own (see analysis.routes): the report's
+    ``routes`` lists one report per (SLO, route) and the top level is the worst of them."""
     con = connection(dataset)
     # the analysis orders whatever it reports itself; unordered intermediate tables are built faster
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
     con.execute("SET preserve_insertion_order = false")
     try:
         with K.remembering():
-            return _analyze(con, dataset, slo, window, warnings)
+            return _analyze(con, dataset, slo, route, window, warnings)
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(row and row[0])}")
 
@@ -183,21 +167,53 @@ def _analyze(
     con: duckdb.DuckDBPyConnection,
     dataset: Any,
     slo: str | SLO | list[SLO],
+    route: str | None,
     window: str,
     warnings: list[str] | None,
 ) -> dict[str, Any]:
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
-    given = _slos(slo)
-    slos, notes = B.resolve_slos(con, given)
-    warns += notes
-    chosen, others = _pick(con, slos or given[:1])
-    ev_res = B.evaluate(con, chosen, window)
+    targets, skipped = R.expand(con, R.restrict(_slos(slo), route))
+    counters = _server_counters(con)
+    reports = []
+    for i, target in enumerate(targets):
+        reports.append(_analyze_one(con, dataset, target, window, counters))
+        if len(targets) > 1:  # keep each route's breakdown: frames() gives the top level's
+            _rename(con, A.BREAKDOWN, f"{A.BREAKDOWN}_{i}")
+    top = R.worst(reports)
+    if len(targets) > 1:
+        _rename(con, f"{A.BREAKDOWN}_{top}", A.BREAKDOWN)
+        for i in range(len(targets)):
+            con.execute(f"DROP TABLE IF EXISTS {A.BREAKDOWN}_{i}")
+    for rep in reports:
+        label = f"route {rep['route']}: " if len(reports) > 1 and rep["route"] is not None else ""
+        warns += [f"{label}{w}" for w in rep["warnings"]]
+    report = {**reports[top], "warnings": list(dict.fromkeys(warns))}
+    report["routes"] = [reports[i] for i in R.order(reports)]  # worst first: routes[0] is the top level
+    report["routes_skipped"] = skipped
+    return report
+
+
+def _rename(con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
+    if con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND temporary", [old]
+    ).fetchall()[0][0]:
+        con.execute(f"DROP TABLE IF EXISTS {new}")
+        con.execute(f"ALTER TABLE {old} RENAME TO {new}")
+
+
+def _analyze_one(
+    con: duckdb.DuckDBPyConnection, dataset: Any, slo: SLO, window: str, counters: dict[str, Any]
+) -> dict[str, Any]:
+    """The report of one SLO on one route (``slo.route``; None: every request in the SLO's scope)."""
+    warns: list[str] = []
+    ev_res = B.evaluate(con, slo, window)
     view: B.SLIView = ev_res["view"]
     warns += view.warnings
     qs = ev_res["quantiles"]
     breached = ev_res["breached"]
     report: dict[str, Any] = {
-        "slo": chosen.to_dict(),
+        "slo": slo.to_dict(),
+        "route": slo.route,
         "status": STATUS_BREACHED if breached else STATUS_MET,
         "no_data_reason": None,
         "requests": _request_count(con, view),
@@ -211,15 +227,12 @@ def _analyze(
         "windows": ev_res["windows"],
         "warnings": warns,
     }
-    counters = _server_counters(con)
     if counters:
         report["server_counters"] = counters
     if view.count == 0:  # no data is never a verdict
         report["status"], report["breached"] = STATUS_NO_DATA, None
-        files, inputs = getattr(dataset, "files", None), getattr(dataset, "trace_inputs", None)
-        why = [(s, no_data_reason(con, s, files=files, inputs=inputs)) for s in (given if not slos else [chosen])]
-        report["no_data_reason"] = (
-            why[0][1] if len(why) == 1 else "; ".join(f"SLO {s.name!r} ({s.spec}): {r}" for s, r in why)
+        report["no_data_reason"] = no_data_reason(
+            con, slo, files=getattr(dataset, "files", None), inputs=getattr(dataset, "trace_inputs", None)
         )
         return report
     attr = A.attribute(con, view, breached, qs)
@@ -247,8 +260,6 @@ def _analyze(
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)
-    if others:
-        report["other_slos"] = others
     return report
 
 

@@ -34,7 +34,6 @@ __all__ = [
     "network_expr",
     "quantiles",
     "request_filter",
-    "resolve_slos",
     "scope_filter",
     "sli_view",
     "sql_str",
@@ -238,33 +237,6 @@ def windows(
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(float(x), nd)
-
-
-def resolve_slos(con: duckdb.DuckDBPyConnection, slos: list[SLO]) -> tuple[list[SLO], list[str]]:
-    """Keep the SLOs the data can answer: its route and model occur and its SLI has samples.
-
-    A one-line spec always applies (no route). For an SLO file, SLOs for routes or SLIs absent from
-    the data are skipped with a note; when none remain the list is empty (the report is then
-    ``no_data``: no data is never a verdict, nor a usage error)."""
-    if len(slos) == 1 and slos[0].route is None and slos[0].model is None:
-        return slos, []
-    kept: list[SLO] = []
-    notes: list[str] = []
-    for slo in slos:
-        flt = request_filter(slo)
-        col = {SLI_E2E: "duration_ms", SLI_TTFT: "ttft_ms"}.get(slo.sli, "coalesce(itl_p99_ms, itl_mean_ms)")
-        if slo.sli == SLI_ITL:
-            cond = f"({col} IS NOT NULL OR trace_id IN (SELECT trace_id FROM token_gaps))"
-        else:
-            cond = f"{col} IS NOT NULL"
-        row = con.execute(f"SELECT count(*) FROM requests WHERE {flt} AND {cond}").fetchone()
-        if row and row[0]:
-            kept.append(slo)
-        else:
-            notes.append(
-                f"SLO {slo.name!r} ({slo.spec}, route {slo.route or 'any'}) has no samples in the data"
-            )
-    return kept, notes if kept else []
 
 
 def evaluate(con: duckdb.DuckDBPyConnection, slo: SLO, window: str = DEFAULT_WINDOW) -> dict[str, Any]:

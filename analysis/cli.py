@@ -42,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--slo", required=True, metavar="SPEC",
         help="'p99<300ms', 'ttft:p95<500ms', 'itl:p99<60ms' or an SLO YAML file",
     )  # fmt: skip
+    p.add_argument(
+        "--route", metavar="ROUTE",
+        help="check only this route (its template, e.g. /v1/score); by default each route the SLO's SLI "
+        "applies to is checked on its own and the report leads with the worst",
+    )  # fmt: skip
     p.add_argument("--window", default="1m", help="breach-detection window (default 1m)")
     p.add_argument(
         "--skip-bad", action="store_true", help="warn about bad files or lines and analyse the rest"
@@ -54,9 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from stagescope.analysis.api import analyze
     from stagescope.analysis.report import render
+    from stagescope.analysis.routes import restrict
     from stagescope.slo import parse_duration_s, parse_slo
 
-    slos = parse_slo(args.slo)
+    slos = restrict(parse_slo(args.slo), args.route, args.slo)
     try:
         parse_duration_s(args.window)
     except ValueError as exc:
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         traces=args.traces, metrics=args.metrics, results=args.results,
         prometheus=args.prometheus, skip_bad=args.skip_bad,
     )  # fmt: skip
-    report = analyze(ds, slos, window=args.window)
+    report = analyze(ds, slos, route=args.route, window=args.window)
     text = render(report, args.format)
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

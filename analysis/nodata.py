@@ -72,7 +72,11 @@ def _file_list(paths: Sequence[str]) -> str:
         parent = os.path.commonpath([str(Path(p).parent) for p in paths])
     except ValueError:  # absolute and relative paths mixed
         parent = ""
-    return f"{len(paths)} files under {parent}" if parent else f"{len(paths)} files ({', '.join(paths[:3])}, ...)"
+    return (
+        f"{len(paths)} files under {parent}"
+        if parent
+        else f"{len(paths)} files ({', '.join(paths[:3])}, ...)"
+    )
 
 
 def read_inputs(files: Sequence[Any] | None, inputs: Sequence[str | Path] | None) -> Inputs:
@@ -85,13 +89,21 @@ def read_inputs(files: Sequence[Any] | None, inputs: Sequence[str | Path] | None
         for p in map(Path, inputs or ()):
             if p.is_dir():
                 empty = not any(p.iterdir())
-                why.append(f"{p} is an empty folder" if empty else f"{p} holds no trace files (.json, .jsonl, .ndjson)")
+                why.append(
+                    f"{p} is an empty folder"
+                    if empty
+                    else f"{p} holds no trace files (.json, .jsonl, .ndjson)"
+                )
         missing = "no trace files read: " + ("; ".join(why) if why else "none given")
         return Inputs(missing, 0, missing)
     read = [f for f in traces if not getattr(f, "skipped", False)]
     spans = sum(int(getattr(f, "spans", 0) or 0) for f in read)
     skipped = len(traces) - len(read)
-    text = f"read {_plural(spans, 'span')} from {_file_list([str(f.path) for f in read])}" if read else "no file could be read"
+    text = (
+        f"read {_plural(spans, 'span')} from {_file_list([str(f.path) for f in read])}"
+        if read
+        else "no file could be read"
+    )
     return Inputs(text + (f" ({skipped} skipped as bad)" if skipped else ""), spans)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA
 
-__all__ = ["headline", "render", "status", "to_html", "to_json", "to_text"]
+__all__ = ["headline", "render", "route_lines", "slo_words", "status", "to_html", "to_json", "to_text"]
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -38,15 +38,25 @@ def status(report: dict[str, Any]) -> str:
     return STATUS_BREACHED if report.get("breached") else STATUS_MET
 
 
+def slo_words(report: dict[str, Any]) -> str:
+    """``SLO p99<300ms on route /v1/score`` (an SLO file's SLO by its name and spec)."""
+    slo = report["slo"]
+    name = slo["spec"] if slo.get("name") in (None, slo["spec"]) else f"{slo['name']} ({slo['spec']})"
+    route = report.get("route", slo.get("route"))
+    return f"SLO {name}" + ("" if route is None else f" on route {route}")
+
+
 def headline(report: dict[str, Any]) -> list[str]:
-    """The verdict in a few lines (shared by text and HTML). No data is never a verdict: a report
-    without samples says NO DATA and why, not "met"."""
+    """The verdict in a few lines (shared by text and HTML), naming the SLO and the route. No data is
+    never a verdict: a report without samples says NO DATA and why, not "met"."""
     slo = report["slo"]
     if status(report) == STATUS_NO_DATA:
-        return [f"SLO {slo['spec']}: NO DATA -- 0 samples: {report.get('no_data_reason') or 'no reason recorded'}"]
+        reason = report.get("no_data_reason") or "no reason recorded"
+        return [f"{slo_words(report)}: NO DATA -- 0 samples: {reason}"]
     lines = [
-        f"SLO {slo['spec']}: {'BREACHED' if status(report) == STATUS_BREACHED else 'met'} -- {_q_name(report)} "
-        f"{_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over {report['samples']} samples"
+        f"{slo_words(report)}: {'BREACHED' if status(report) == STATUS_BREACHED else 'met'} -- "
+        f"{_q_name(report)} {_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over "
+        f"{report['samples']} samples"
     ]
     v = report.get("verdict")
     if v:
@@ -86,6 +96,7 @@ def to_text(report: dict[str, Any]) -> str:
             )
             out.append(f"  {lv['rationale']}")
     out += counter_lines(report)
+    out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
     if report.get("windows"):
         out.append("")
@@ -93,6 +104,28 @@ def to_text(report: dict[str, Any]) -> str:
     for w in report.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
+
+
+def route_lines(report: dict[str, Any]) -> list[str]:
+    """One verdict per route checked, worst first, when there were several; and the routes not
+    checked, with the reason."""
+    entries = report.get("routes") or []
+    lines: list[str] = []
+    if len(entries) > 1:
+        lines += ["", f"Routes checked ({len(entries)}, worst first; the report above is about the first):"]
+        for entry in entries:
+            lines += [("  " if k == 0 else "    ") + x for k, x in enumerate(headline(entry))]
+    skipped = report.get("routes_skipped") or []
+    if skipped:
+        lines += ["", "Routes not checked:"]
+        several = len({s.get("slo") for s in skipped} | {report["slo"]["name"]}) > 1
+        lines += [
+            f"  {s['route'] or '(none)'} ({s['requests']} requests"
+            + (f", SLO {s.get('slo')}" if several else "")
+            + f"): {s['why']}"
+            for s in skipped
+        ]
+    return lines
 
 
 def counter_lines(report: dict[str, Any]) -> list[str]:
@@ -184,6 +217,7 @@ def to_html(report: dict[str, Any]) -> str:
         "<h1>stagescope breach analysis</h1>",
         f"<div class='verdict {cls}' id='verdict'>{verdict}</div>",
     ]
+    head += _routes_html(report)
     if status(report) == STATUS_NO_DATA:  # nothing to break down or plot: the reason and the warnings
         return "\n".join([*head, *_warnings_html(report), "</body></html>\n"])
     parts = [
@@ -214,6 +248,34 @@ def to_html(report: dict[str, Any]) -> str:
     parts += _warnings_html(report)
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def _routes_html(report: dict[str, Any]) -> list[str]:
+    """The routes checked (one verdict each, worst first; the page details the first) and those not."""
+    out: list[str] = []
+    entries = report.get("routes") or []
+    if len(entries) > 1:
+        rows = []
+        for r in entries:
+            v = r.get("verdict") or {}
+            lev = next((x for x in r.get("levers", []) if x["lever"] == v.get("lever")), None)
+            rows.append([
+                r.get("route") or "(all)", r["slo"]["spec"], status(r).replace("_", " "),
+                _ms(r.get("quantile_ms")), r["samples"], v.get("stage") or "-",
+                (v.get("lever") or "measure first") if v else "-", _ms(lev["predicted_p99_ms"]) if lev else "-",
+                r.get("no_data_reason") or "",
+            ])  # fmt: skip
+        out += [
+            f"<h2>Routes checked ({len(entries)}, worst first; this page details the first)</h2>",
+            _table(["route", "SLO", "status", "quantile", "samples", "stage", "lever", "predicted", "no data because"], rows),
+        ]
+    skipped = report.get("routes_skipped") or []
+    if skipped:
+        out += [
+            "<h2>Routes not checked</h2>",
+            _table(["route", "requests", "why"], [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped]),
+        ]
+    return out
 
 
 def _warnings_html(report: dict[str, Any]) -> list[str]:

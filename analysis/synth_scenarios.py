@@ -27,7 +27,16 @@ import pyarrow as pa
 from stagescope import names as N
 from stagescope.analysis.keys import key_sql, request_keys_sql
 
-__all__ = ["SCENARIOS", "Scenario", "SynthData", "generate", "to_tables", "write_metrics", "write_otlp"]
+__all__ = [
+    "LLM_HEALTHY",
+    "SCENARIOS",
+    "Scenario",
+    "SynthData",
+    "generate",
+    "to_tables",
+    "write_metrics",
+    "write_otlp",
+]
 
 PREDICT = "/v1/predict"
 GENERATE = "/v1/generate"
@@ -65,6 +74,10 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 
+#: A streaming route without a fault (not a reference-service scenario: the second route of mixes).
+LLM_HEALTHY = Scenario("llm-healthy", GENERATE, "ttft:p95<500ms", None, None)
+_ALL = {**SCENARIOS, LLM_HEALTHY.name: LLM_HEALTHY}
+
 _PREDICT_ORDER = (
     N.STAGE_FEATURE_FETCH, N.STAGE_PREPROCESS, N.STAGE_COLD_START, N.STAGE_BATCH_WAIT, N.STAGE_QUEUE,
     N.STAGE_COMPUTE, N.STAGE_POSTPROCESS, N.STAGE_EGRESS,
@@ -80,6 +93,8 @@ class SynthData:
     stages: dict[str, np.ndarray]
     gaps: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: list[tuple[str, dict[str, str], float, int]] = field(default_factory=list)
+    #: For a mix of routes (analysis.synth_routes.mix): each route's scenario (its ground truth).
+    routes: dict[str, Scenario] = field(default_factory=dict)
 
 
 def _ln(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
@@ -262,12 +277,19 @@ def _generate_llm(sc: Scenario, rng: np.random.Generator, n: int, t0: int, dur_s
 def generate(
     name: str, n: int = 2000, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9
 ) -> SynthData:
-    """Synthesize ``n`` requests of scenario ``name`` over ``duration_s`` seconds."""
-    sc = SCENARIOS[name]
+    """Synthesize ``n`` requests of scenario ``name`` over ``duration_s`` seconds (a name of
+    :data:`SCENARIOS`, or ``llm-healthy``: a streaming route without a fault)."""
+    sc = _ALL[name]
     rng = np.random.default_rng(seed)
     if sc.route == GENERATE:
         return _generate_llm(sc, rng, n, t0_ns, duration_s)
     return _predict(sc, rng, n, t0_ns, duration_s)
+
+
+def _present(v: Any) -> bool:
+    """A value that is there for this request (not None / NaN: a column only some routes of a mix
+    have, see analysis.synth_routes)."""
+    return v is not None and not (isinstance(v, float) and np.isnan(v))
 
 
 _REQ_COLS: dict[str, str] = {
@@ -384,7 +406,7 @@ def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope")
                 N.ATTR_QUEUE_DEPTH: int(r["queue_depth"][i]), N.ATTR_INPUT_HASH: str(r["input_hash"][i]),
                 N.ATTR_COLD_START: bool(r["cold_start"][i]),
             }  # fmt: skip
-            if "ttft_ms" in r:
+            if "ttft_ms" in r and _present(r["ttft_ms"][i]):
                 attrs.update({
                     N.VLLM_ATTR_TTFT: float(r["ttft_ms"][i]) / 1e3, N.VLLM_ATTR_E2E: float(r["duration_ms"][i]) / 1e3,
                     N.ATTR_ITL_MEAN: float(r["itl_mean_ms"][i]) / 1e3, N.ATTR_ITL_P99: float(r["itl_p99_ms"][i]) / 1e3,
@@ -396,7 +418,7 @@ def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope")
             yield from request_spans(
                 tid, s0, stage_list, duration_ms=float(r["duration_ms"][i]), name=f"POST {r['route'][i]}",
                 route=str(r["route"][i]), attributes=attrs, service=SERVICE,
-                client_ms=None if client is None else float(client[i]),
+                client_ms=float(client[i]) if client is not None and _present(client[i]) else None,
             )  # fmt: skip
 
     return write_otlp_lines(path, spans_iter())

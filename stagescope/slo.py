@@ -11,6 +11,14 @@ Two ways to state an SLO:
 SLI definitions (server side): ``e2e`` is request arrival to last byte written; ``ttft`` is request
 arrival to first token written; ``itl`` is the gap between two consecutive tokens of one stream, one
 sample per gap (vLLM's meaning, not AIPerf's per-request mean).
+
+Routes. ``route`` is a route template (``/v1/score``, as ``http.route`` and the ``route`` label carry
+it). The analysis never pools routes: an SLO with a ``route`` is checked on that route alone (so is
+any SLO under ``analyze --route``); an SLO without one, a one-line spec or a file item alike, is checked
+on each route its SLI applies to, on its own (``ttft`` and ``itl``: streaming routes; ``e2e``: the
+non-streaming routes when the data has both), and the report leads with the worst (see
+stagescope.analysis.routes). The alert rules read the same field: they select the route where the
+SLI's histogram has a ``route`` label (``e2e``) and, without one, alert on all routes together.
 """
 
 from __future__ import annotations

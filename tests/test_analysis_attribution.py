@@ -152,7 +152,9 @@ def test_unattributed_time_means_measure_first() -> None:
     assert "Measure first" in rep["levers"][0]["rationale"]
 
 
-def test_slo_file_picks_the_slo_matching_the_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_slo_file_checks_each_slo_and_leads_with_the_worst(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Each SLO of a file is an entry of ``routes``; one whose route is absent is no data (never met),
+    and the top level is the breached one."""
     reqs = [{"trace_id": f"r{i}", "start_ms": i * 10.0, "duration_ms": 20.0 + (i % 50)} for i in range(200)]
     con = _con(reqs, [(r["trace_id"], "compute", 0, 20) for r in reqs])
     slo = tmp_path / "slo.yaml"
@@ -162,8 +164,11 @@ def test_slo_file_picks_the_slo_matching_the_data(tmp_path) -> None:  # type: ig
         "  - {name: predict, service: s, sli: e2e, route: /v1/predict, threshold_ms: 50, objective: 0.99}\n"
     )
     rep = analyze(con, str(slo))
-    assert rep["slo"]["name"] == "predict" and rep["breached"]
-    assert any("gen" in w for w in rep["warnings"])
+    assert rep["slo"]["name"] == "predict" and rep["breached"] and rep["route"] == "/v1/predict"
+    assert [(r["slo"]["name"], r["status"]) for r in rep["routes"]] == [("predict", "breached"), ("gen", "no_data")]
+    gen = rep["routes"][1]
+    assert gen["breached"] is None
+    assert gen["no_data_reason"].startswith("route /v1/generate not in the data: routes seen are /v1/predict")
 
 
 SAMPLED = [n for n, sc in S_SCENARIOS.items() if sc.stage is not None and sc.route == "/v1/predict"]

@@ -97,7 +97,7 @@ def test_an_sli_the_requests_do_not_carry(
 ) -> None:
     f = _predict_file(tmp_path / "predict.jsonl")
     rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", slo)
-    _assert_no_data(rc, rep, text, "40 request spans seen", needle, "read 80 spans from", str(f))
+    _assert_no_data(rc, rep, text, "40 request spans seen on route /v1/predict", needle, "read 80 spans from", str(f))
 
 
 def test_a_route_not_in_the_data_lists_the_routes_seen(
@@ -115,13 +115,16 @@ def test_a_route_not_in_the_data_lists_the_routes_seen(
 def test_only_shed_requests_are_no_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = _predict_file(tmp_path / "shed.jsonl", 12, status=429)
     rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", "p99<300ms")
-    _assert_no_data(rc, rep, text, "all 12 requests were shed (HTTP 429)")
+    _assert_no_data(rc, rep, text, "all 12 requests on route /v1/predict were shed (HTTP 429)")
 
 
 def test_data_we_did_not_generate_has_no_ttft(capsys: pytest.CaptureFixture[str]) -> None:
     """The OpenTelemetry proto example and a Jaeger integration trace (external/, their licences beside
     them): HTTP request spans, no stream. A TTFT SLO over them is no data, and says which file."""
-    for f in (EXTERNAL / "opentelemetry-proto" / "trace.json", EXTERNAL / "jaeger" / "integration_example_trace.json"):
+    for f in (
+        EXTERNAL / "opentelemetry-proto" / "trace.json",
+        EXTERNAL / "jaeger" / "integration_example_trace.json",
+    ):
         rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", "ttft:p95<500ms")
         _assert_no_data(rc, rep, text, "request span", "none with a TTFT", str(f))
 
@@ -145,9 +148,10 @@ def test_relations_built_by_hand_with_no_sample() -> None:
     S.to_tables(con, S.generate("slow-feature-store", 50, seed=1))
     rep = analyze(con, "ttft:p95<500ms")
     assert rep["status"] == STATUS_NO_DATA and rep["breached"] is None
-    assert rep["no_data_reason"].startswith("50 request spans seen, none with a TTFT")
-    assert to_text(rep).startswith("SLO ttft:p95<500ms: NO DATA -- 0 samples: 50 request spans seen")
-
+    assert rep["no_data_reason"].startswith("50 request spans seen on route /v1/predict, none with a TTFT")
+    assert to_text(rep).startswith(
+        "SLO ttft:p95<500ms on route /v1/predict: NO DATA -- 0 samples: 50 request spans seen"
+    )
 
 
 def test_the_demo_lever_check_never_reads_no_data_as_met() -> None:
