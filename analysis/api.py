@@ -23,7 +23,7 @@ from stagescope.analysis import levers as L
 from stagescope.analysis import routes as R
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
-from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
+from stagescope.names import ATTR_STAGE, STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
 from stagescope.slo import SLO, parse_slo
 
 __all__ = ["analyze", "connection", "frames"]
@@ -35,6 +35,8 @@ UNATTRIBUTED_VERDICT_SHARE = 0.5
 SLOWEST_N = A.KEEP_SLOWEST
 CDF_POINTS = 100
 TIMELINE_POINTS = 40
+#: Warnings in a report at most (each said once; the last line counts the rest).
+MAX_WARNINGS = 30
 
 
 def connection(dataset: Any) -> duckdb.DuckDBPyConnection:
@@ -187,10 +189,18 @@ def _analyze(
     for rep in reports:
         label = f"route {rep['route']}: " if len(reports) > 1 and rep["route"] is not None else ""
         warns += [f"{label}{w}" for w in rep["warnings"]]
-    report = {**reports[top], "warnings": list(dict.fromkeys(warns))}
+    report = {**reports[top], "warnings": _bounded(warns)}
     report["routes"] = [reports[i] for i in R.order(reports)]  # worst first: routes[0] is the top level
     report["routes_skipped"] = skipped
     return report
+
+
+def _bounded(warns: list[str]) -> list[str]:
+    """Each warning once, at most :data:`MAX_WARNINGS` (the last line counts the rest)."""
+    once = list(dict.fromkeys(warns))
+    if len(once) <= MAX_WARNINGS:
+        return once
+    return [*once[: MAX_WARNINGS - 1], f"and {len(once) - MAX_WARNINGS + 1} more warnings"]
 
 
 def _rename(con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
@@ -238,7 +248,8 @@ def _analyze_one(
     attr = A.attribute(con, view, breached, qs)
     if attr.baseline_n == 0:
         warns.append(
-            "no baseline requests (every sample is over the threshold): excess is measured against nothing"
+            "no baseline: every sample is over the threshold, so no normal request to compare the stages "
+            "with: no stage attribution and no verdict (the whole distribution is slow, not its tail)"
         )
     ev = E.gather(con, view, attr)
     ev["shares"] = {r["stage"]: r["share"] for r in attr.rows}
@@ -257,10 +268,40 @@ def _analyze_one(
     if breached:
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
+        warns += _unstaged(con, view, attr, report["verdict"])
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)
     return report
+
+
+def _unstaged(
+    con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution, verdict: dict[str, Any] | None
+) -> list[str]:
+    """A warning when slow requests of a breached SLO have no stage span in their SLI interval: their
+    time is unattributed, and what that costs the verdict. Slow requests only: a file of health
+    checks or a load generator's CLIENT spans (the network stage) cost the verdict nothing."""
+    if not view.per_request or attr.tail_n == 0:
+        return []
+    cols = [*attr.columns.values()]
+    staged = " + ".join(f"coalesce({c}, 0)" for c in cols) if cols else "0"
+    row = con.execute(
+        f"SELECT count(*) FILTER (WHERE {staged} <= 0), count(*) FROM {A.BREAKDOWN} WHERE {attr.tail_condition}"
+    ).fetchone()
+    bare, tail = (int(row[0]), int(row[1])) if row else (0, 0)
+    if not bare:
+        return []
+    which = "slow requests" if attr.complete else "slow requests broken down (a sample)"
+    share = next((r["share"] for r in attr.rows if r["stage"] == UNATTRIBUTED), 0.0)
+    cost = (
+        "so the verdict is measure first (add stage spans)"
+        if verdict and verdict["stage"] == UNATTRIBUTED
+        else f"{share:.0%} of the tail's excess is unattributed and the verdict rests on the others"
+    )
+    return [
+        f"{bare} of {tail} {which} have no stage span ({ATTR_STAGE}, or vLLM's gen_ai.latency.* attributes) "
+        f"in their {view.slo.sli} interval: their time is unattributed; {cost}"
+    ]
 
 
 def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:

@@ -23,7 +23,14 @@ from typing import Any
 import duckdb
 
 from stagescope.errors import UserError
-from stagescope.names import DCGM_GPU_UTIL, SLI_E2E, SLI_ITL, SLI_TTFT, TRITON_GPU_UTILIZATION
+from stagescope.names import (
+    ATTR_TOKEN_GAPS,
+    DCGM_GPU_UTIL,
+    SLI_E2E,
+    SLI_ITL,
+    SLI_TTFT,
+    TRITON_GPU_UTILIZATION,
+)
 from stagescope.slo import SLO, parse_duration_s
 
 __all__ = [
@@ -141,8 +148,9 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
             )
         else:
             warnings.append(
-                "no per-gap inter-token samples (stagescope.itl.gaps) in the data: one per-request "
-                "inter-token p99 (else mean) per stream stands in for the gaps"
+                f"no per-gap inter-token samples ({ATTR_TOKEN_GAPS}) in the data: one inter-token p99 (else "
+                "mean) per stream stands in for its gaps, so the quantile is of streams, not of gaps, and can "
+                "be off either way"
             )
             con.execute(per_request_sql)
     row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
@@ -150,7 +158,10 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
     srow = con.execute(f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}").fetchone()
     shed = int(srow[0]) if srow else 0
     if shed:
-        warnings.append(f"{shed} requests were shed (HTTP 429) and are not latency samples")
+        warnings.append(
+            f"{shed} requests were shed (HTTP 429) and are not latency samples: the quantile leaves out the "
+            "requests the service refused, so it reads better than its clients fared"
+        )
     return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings)
 
 

@@ -164,6 +164,14 @@ def no_data_reason(
         if got.spans == 0:
             return f"no spans in the trace files{tail}"
         n_spans = _count(con, "SELECT count(*) FROM spans") if _has(con, "spans") else 0
+        n_client = (
+            _count(con, "SELECT count(*) FROM spans WHERE coalesce(is_client_attr, false)") if n_spans else 0
+        )
+        if n_spans and n_client == n_spans:
+            return (
+                f"{_plural(n_spans, 'span')}, all of them the load generator's CLIENT spans ({N.ATTR_CLIENT}): "
+                f"the service's own spans are in none of the files read{tail}"
+            )
         if n_spans:
             return (
                 f"{_plural(n_spans, 'span')}, none of them a request span (a SERVER span, or a root span without "

@@ -180,7 +180,8 @@ def test_one_bad_file_among_good_ones(tmp_path: Path) -> None:
     assert ds.con.execute("SELECT count(*) FROM requests").fetchall() == [(3 * 2 + 3,)]
     assert [w for w in ds.warnings if "skipped" in w] == [
         f"skipped bad lines: {bad}:1: startTimeUnixNano '2026-11-30 03:00:00' is not an integer of Unix "
-        "nanoseconds; the other lines were read"
+        "nanoseconds; the other lines were read (requests and stages on the bad lines are missing from "
+        "the analysis)"
     ]
     ds.close()
 

@@ -65,6 +65,9 @@ class Dataset:
     workdir: Path | None = None
     #: The trace paths (files and folders) the dataset was loaded from, as given.
     trace_inputs: list[str] = field(default_factory=list)
+    #: Spans the trace files held more than once (same trace and span id: an exporter's retried
+    #: batch, overlapping files), each kept once.
+    repeated_spans: int = 0
     _tempdir: Path | None = None
     _finalizer: Any = field(default=None, init=False, repr=False)
 
@@ -224,12 +227,8 @@ def _dedupe_spans(ds: Dataset) -> None:
         "CREATE OR REPLACE TABLE spans AS SELECT DISTINCT ON (trace_id, span_id) * FROM spans "
         "ORDER BY trace_id, span_id, file, start_ns"
     )
-    removed = before - con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
-    if removed:
-        ds.warnings.append(
-            f"{removed} spans appear more than once in the trace files (same trace and span id: an "
-            "exporter's retry, or overlapping files) and are counted once"
-        )
+    # counted, not warned about: once de-duplicated, a repeat costs the analysis nothing
+    ds.repeated_spans = before - con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
 
 
 def _read_manifest(ds: Dataset, d: Path) -> None:

@@ -49,7 +49,7 @@ def expand_paths(
                 if f.is_file() and f.name.removesuffix(".gz").endswith(suffixes)
             )  # fmt: skip
             if not found and warnings is not None:
-                warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory")
+                warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory: nothing read from it")
         elif p.is_file():
             found = [p]
         else:

@@ -136,7 +136,10 @@ def load_metric_files(ds: Dataset, paths: Sequence[str | Path], *, skip_bad: boo
         except UserError as exc:
             if not skip_bad:
                 raise
-            ds.warnings.append(f"skipped file: {exc}")
+            ds.warnings.append(
+                f"skipped file: {exc}: its metrics are not read (accelerator utilization, queue depth and "
+                "server counters from it are missing from the evidence)"
+            )
             ds.files.append(FileSummary(str(path), "prometheus", skipped=True, note=str(exc)))
             continue
         n = insert_samples(ds, samples, str(path))

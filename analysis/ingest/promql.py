@@ -132,6 +132,7 @@ def load_prometheus(
     ds.files.append(FileSummary(url, "prometheus", samples=total))
     if total == 0:
         ds.warnings.append(
-            f"{url}: no samples of the queried metrics between {start:.0f} and {end:.0f} (Unix s)"
+            f"{url}: no samples of the queried metrics between {start:.0f} and {end:.0f} (Unix s): no "
+            "accelerator utilization, queue depth or server counters in the evidence"
         )
     return total

@@ -62,7 +62,7 @@ def load_results(ds: Dataset, paths: Sequence[str | Path], *, skip_bad: bool = F
             except UserError as exc:
                 if not skip_bad:
                     raise
-                ds.warnings.append(f"skipped file: {exc}")
+                ds.warnings.append(f"skipped file: {exc}: its load-generator results are not read")
                 ds.files.append(FileSummary(str(f), "results", skipped=True, note=str(exc)))
                 continue
             ds.files.append(FileSummary(str(f), "results", samples=n))

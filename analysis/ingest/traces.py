@@ -20,7 +20,6 @@ from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, diagnose_o
 from stagescope.analysis.ingest.files import SniffedFile, expand_paths, sniff
 from stagescope.analysis.ingest.otlp import MAX_OBJECT_BYTES, otlp_spans_sql, sql_str
 from stagescope.errors import UserError
-from stagescope.names import ATTR_STAGE
 
 __all__ = ["FileSummary", "TraceLoader"]
 
@@ -82,7 +81,7 @@ class TraceLoader:
                 )
             elif sf.kind == "otlp-other":
                 self.files.append(FileSummary(str(path), "otlp", note="OTLP logs/metrics, no spans"))
-                self.warnings.append(f"{path}: OTLP logs or metrics, not traces: no spans read")
+                self.warnings.append(f"{path}: OTLP logs or metrics, not traces: nothing read from it")
             elif sf.kind == "jaeger":
                 jaeger.append(sf)
             else:
@@ -176,7 +175,7 @@ class TraceLoader:
     def _bad_message(self, path: Path, message: str) -> None:
         if not self.skip_bad:
             raise UserError(message)
-        self.warnings.append(f"skipped: {message}")
+        self.warnings.append(f"skipped: {message}: its spans are not in the analysis")
         self.files.append(FileSummary(str(path), "otlp", skipped=True, note=message))
 
     def bad(self, path: Path, problems: list[Problem], kind: str, good_lines: Path | None = None) -> None:
@@ -193,19 +192,21 @@ class TraceLoader:
         if good_lines is not None:
             self._insert_otlp([str(good_lines)], True, False, as_name=str(path))
             summary.note = f"{len(problems)} bad lines skipped"
-            self.warnings.append(f"skipped bad lines: {message}; the other lines were read")
+            self.warnings.append(
+                f"skipped bad lines: {message}; the other lines were read (requests and stages on the bad "
+                "lines are missing from the analysis)"
+            )
         else:
             summary.skipped = True
             summary.note = message
-            self.warnings.append(f"skipped file: {message}")
+            self.warnings.append(f"skipped file: {message}: its spans are not in the analysis")
 
     # ---------------------------------------------------------------- summaries
     def _summarize(self, stats: dict[str, tuple[int, bool, int]]) -> None:
+        # No warning for a file without stage information: what that costs depends on the requests,
+        # not the file (a load generator's CLIENT spans are the network stage; a file of health checks
+        # costs nothing). The analysis says it where it costs the verdict: slow requests of a
+        # breached route whose time is in no stage (see analysis.api).
         for s in self.files:
             n, staged, _ = stats.get(s.path, (0, False, 0))
             s.spans, s.has_stage_info = n, staged
-            if n and not staged:
-                self.warnings.append(
-                    f"{s.path}: {n} spans without stage information (no {ATTR_STAGE} "
-                    "spans, no vLLM gen_ai.latency attributes): its requests are counted, their stages not guessed"
-                )
