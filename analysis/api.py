@@ -3,6 +3,9 @@ polars frames for notebooks.
 
 ``dataset`` is the ingest's ``Dataset`` (anything with a ``.con`` DuckDB connection and optional
 ``.warnings``) or a DuckDB connection holding the pinned relations. All latencies are milliseconds.
+Routes are never pooled (analysis.routes): each (SLO, route) checked is a report of its own in
+``routes``, worst first, and the top level is the first of them. ``status`` is ``breached``, ``met``
+or ``no_data`` (0 samples: ``breached`` is None and ``no_data_reason`` says why, see analysis.nodata).
 For TTFT and inter-token SLOs the report's ``latency_ms``, ``attribution`` and ``predicted_p99_ms``
 describe that quantity, and ``p99`` keys hold the SLO's own quantile where they predict.
 """
