@@ -67,6 +67,24 @@ print(to_text(report))
 NO_DATA = report["status"] == STATUS_NO_DATA
 
 # %% [markdown]
+# ## Routes: each checked on its own (worst first; the cells below are about the first)
+
+# %%
+routes = pl.DataFrame(
+    [
+        {
+            "route": r["route"], "slo": r["slo"]["spec"], "status": r["status"], "quantile_ms": r["quantile_ms"],
+            "samples": r["samples"], "stage": (r["verdict"] or {}).get("stage"),
+            "lever": (r["verdict"] or {}).get("lever"), "no_data_reason": r["no_data_reason"],
+        }
+        for r in report["routes"]
+    ]
+)  # fmt: skip
+skipped = pl.DataFrame(report["routes_skipped"], schema={"route": pl.String, "requests": pl.Int64, "why": pl.String})
+display(routes)
+skipped
+
+# %% [markdown]
 # ## Attribution: excess latency of the tail against the baseline, per stage (ms)
 
 # %%
