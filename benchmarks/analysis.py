@@ -4,7 +4,9 @@ Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 
 (about 8 million stage rows; a slow feature store on 6 % of requests, with two parallel feature reads
 per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
 relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``request_key``,
-``input_key``: see analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand). Then, each in a fresh subprocess so peak memory is the analysis's own:
+``input_key``: see analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand;
+``--routes N`` spreads the requests over N routes, each checked on its own). Then, each in a fresh
+subprocess so peak memory is the analysis's own:
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
@@ -18,7 +20,7 @@ relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``re
 
 The machine is shared, so figures vary from run to run; compare ratios.
 
-    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--repeat 3] [--no-keys] [--json]
+    .venv/bin/python benchmarks/analysis.py [--requests 1000000] [--otlp-requests 25000] [--repeat 3] [--no-keys] [--routes 1] [--json]
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ SELECT i, md5(i::VARCHAR) AS trace_id, md5_number_lower(md5(i::VARCHAR)) AS trac
 FROM z;
 COPY (
     SELECT trace_id, substr(trace_id, 1, 16) AS span_id, 'synthetic-service' AS service, 'POST /v1/predict' AS name,
-           '/v1/predict' AS route, 'ranker' AS model, 200 AS status_code, false AS is_error, s0 AS start_unix_ns,
+           {route_sql} AS route, 'ranker' AS model, 200 AS status_code, false AS is_error, s0 AS start_unix_ns,
            ff + pre + bw + q + comp + post + eg + 0.3 AS duration_ms, NULL::DOUBLE AS ttft_ms,
            NULL::DOUBLE AS itl_mean_ms, NULL::DOUBLE AS itl_p99_ms, NULL::DOUBLE AS itl_max_ms,
            NULL::BIGINT AS input_tokens, NULL::BIGINT AS output_tokens, batch AS batch_size, qd AS queue_depth,
@@ -158,7 +160,7 @@ print(json.dumps({"ingest_s": dt, "spans": spans, "requests": n, "spans_per_s": 
 )
 
 
-def build(out: Path, n: int, keys: bool = True) -> dict[str, Any]:
+def build(out: Path, n: int, keys: bool = True, routes: int = 1) -> dict[str, Any]:
     import duckdb
 
     t = time.perf_counter()
@@ -166,7 +168,13 @@ def build(out: Path, n: int, keys: bool = True) -> dict[str, Any]:
     con.execute("SELECT setseed(0.42)")
     step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
     req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key") if keys else ("", "")
-    con.execute(_GEN_SQL.format(n=n, t0=T0_NS, step_ns=step_ns, out=out, req_keys=req_keys, st_keys=st_keys))
+    # one route, or ``routes`` of them taking requests in turn (each with the same slow feature store)
+    route_sql = "'/v1/predict'" if routes <= 1 else f"'/v1/r' || (i % {int(routes)})"
+    con.execute(
+        _GEN_SQL.format(
+            n=n, t0=T0_NS, step_ns=step_ns, out=out, req_keys=req_keys, st_keys=st_keys, route_sql=route_sql
+        )
+    )
     rows = con.execute(f"SELECT count(*) FROM read_parquet('{out}/stages.parquet')").fetchone()
     con.close()
     return {"build_s": time.perf_counter() - t, "stage_rows": int(rows[0]) if rows else 0}
@@ -193,21 +201,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--otlp-requests", type=int, default=25_000)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each query (median reported)")
     ap.add_argument("--no-keys", action="store_true", help="write the relations without the integer keys")
+    ap.add_argument(
+        "--routes", type=int, default=1, help="spread the requests over this many routes (each checked on its own)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stagescope-bench-") as tmp:
         out = Path(tmp)
-        built = build(out, args.requests, keys=not args.no_keys)
+        built = build(out, args.requests, keys=not args.no_keys, routes=args.routes)
         verdict = _child(_VERDICT_CHILD, str(out), str(args.repeat), "trace_id" if args.no_keys else "trace_key")
         path, spans = write_otlp(out, args.otlp_requests)
         ingest = _child(_INGEST_CHILD, str(path), str(spans))
-    res = {"requests": args.requests, **built, **verdict, "ingest": ingest}
+    res = {"requests": args.requests, "routes": args.routes, **built, **verdict, "ingest": ingest}
     res["verdict_vs_groupby"] = verdict["verdict_s"] / verdict["plain_groupby_s"]
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(f"synthetic incident: {args.requests:,} requests, {built['stage_rows']:,} stage rows "
-          f"(built in {built['build_s']:.1f} s; {'no integer keys' if args.no_keys else 'with the integer keys the ingest writes'})")  # fmt: skip
+          f"(built in {built['build_s']:.1f} s; {'no integer keys' if args.no_keys else 'with the integer keys the ingest writes'}"
+          f"{f'; {args.routes} routes, each checked on its own' if args.routes > 1 else ''})")  # fmt: skip
     print(f"verdict from Parquet      {verdict['verdict_s']:6.2f} s   (goal <= 3 s)   verdict {verdict['verdict']}, "
           f"p99 {verdict['p99_ms']:.0f} ms -> predicted {verdict['predicted_p99_ms']:.0f} ms")  # fmt: skip
     print(f"DuckDB plain GROUP BY     {verdict['plain_groupby_s']:6.2f} s   "
