@@ -113,8 +113,8 @@ def _expand_one(con: duckdb.DuckDBPyConnection, slo: SLO) -> tuple[list[SLO], li
     use = [p for p in prof if p[3] > 0]
     if slo.sli == N.SLI_E2E and any(p[0] not in streams for p in use) and any(p[0] in streams for p in use):
         for r, n, *_ in (p for p in use if p[0] in streams):
-            skipped.append(_skip(r, n, f"streams: an e2e SLO there measures whole generations (--route {r} checks it; "
-                                       "or a ttft / itl SLO)"))  # fmt: skip
+            why = f"streams: an e2e SLO there measures whole generations (--route {r} checks it; or a ttft / itl SLO)"
+            skipped.append(_skip(r, n, why))
         use = [p for p in use if p[0] not in streams]
     for r, n, shed, samples, _ in prof:
         if samples:
@@ -143,8 +143,9 @@ def expand(con: duckdb.DuckDBPyConnection, slos: Sequence[SLO]) -> tuple[list[SL
         targets += got
         skipped += [{**s, "slo": slo.name} for s in skip[:MAX_ROUTES]]
         if len(skip) > MAX_ROUTES:
-            skipped.append({"slo": slo.name, "route": None, "requests": sum(s["requests"] for s in skip[MAX_ROUTES:]),
-                            "why": f"{len(skip) - MAX_ROUTES} more routes not checked"})  # fmt: skip
+            rest = skip[MAX_ROUTES:]
+            more = _skip(None, sum(s["requests"] for s in rest), f"{len(rest)} more routes not checked")
+            skipped.append({**more, "slo": slo.name})
     return targets, skipped
 
 
