@@ -13,6 +13,11 @@ from stagescope.cli import main
 REPO = Path(__file__).resolve().parents[1]
 PINNED = {
     "slo",
+    "status",
+    "no_data_reason",
+    "route",
+    "routes",
+    "routes_skipped",
     "requests",
     "breached",
     "latency_ms",
@@ -50,7 +55,11 @@ def test_json_report_has_the_pinned_shape(incident, tmp_path, capsys) -> None:  
     assert main([*argv, "--format", "json", "--out", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert set(rep) >= PINNED
-    assert rep["requests"] == 800 and rep["breached"] is True
+    assert rep["requests"] == 800 and rep["breached"] is True and rep["status"] == "breached"
+    assert rep["no_data_reason"] is None and rep["route"] == "/v1/predict"
+    # one route: routes holds the one report, of the top level's shape
+    assert len(rep["routes"]) == 1 and set(rep["routes"][0]) >= PINNED - {"routes", "routes_skipped"}
+    assert rep["routes"][0]["verdict"] == rep["verdict"] and rep["routes_skipped"] == []
     assert set(rep["latency_ms"]) == {"p50", "p95", "p99"}
     shares = [a["share"] for a in rep["attribution"]]
     assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0, abs=1e-3)
