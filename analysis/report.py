@@ -217,13 +217,13 @@ def to_html(report: dict[str, Any]) -> str:
         "<h1>stagescope breach analysis</h1>",
         f"<div class='verdict {cls}' id='verdict'>{verdict}</div>",
     ]
-    head += _routes_html(report)
     if status(report) == STATUS_NO_DATA:  # nothing to break down or plot: the reason and the warnings
-        return "\n".join([*head, *_warnings_html(report), "</body></html>\n"])
+        return "\n".join([*head, *_routes_html(report), *_warnings_html(report), "</body></html>\n"])
     parts = [
         *head,
         f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
+        *_routes_html(report),
         "<h2>Where the tail's time went</h2>",
         _img(plots.breakdown_png(report), "stage breakdown, tail vs baseline", "plot-breakdown"),
         _table(
@@ -256,6 +256,7 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
     entries = report.get("routes") or []
     if len(entries) > 1:
         rows = []
+        why = any(r.get("no_data_reason") for r in entries)
         for r in entries:
             v = r.get("verdict") or {}
             lev = next((x for x in r.get("levers", []) if x["lever"] == v.get("lever")), None)
@@ -263,11 +264,15 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
                 r.get("route") or "(all)", r["slo"]["spec"], status(r).replace("_", " "),
                 _ms(r.get("quantile_ms")), r["samples"], v.get("stage") or "-",
                 (v.get("lever") or "measure first") if v else "-", _ms(lev["predicted_p99_ms"]) if lev else "-",
-                r.get("no_data_reason") or "",
+                *([r.get("no_data_reason") or ""] if why else []),
             ])  # fmt: skip
         out += [
             f"<h2>Routes checked ({len(entries)}, worst first; this page details the first)</h2>",
-            _table(["route", "SLO", "status", "quantile", "samples", "stage", "lever", "predicted", "no data because"], rows),
+            _table(
+                ["route", "SLO", "status", "quantile", "samples", "stage", "lever", "predicted"]
+                + (["no data because"] if why else []),
+                rows,
+            ),
         ]
     skipped = report.get("routes_skipped") or []
     if skipped:
