@@ -164,9 +164,10 @@ def no_data_reason(
         if got.spans == 0:
             return f"no spans in the trace files{tail}"
         n_spans = _count(con, "SELECT count(*) FROM spans") if _has(con, "spans") else 0
-        n_client = (
-            _count(con, "SELECT count(*) FROM spans WHERE coalesce(is_client_attr, false)") if n_spans else 0
-        )
+        try:
+            n_client = _count(con, "SELECT count(*) FROM spans WHERE coalesce(is_client_attr, false)")
+        except duckdb.Error:  # a spans relation built without the column
+            n_client = 0
         if n_spans and n_client == n_spans:
             return (
                 f"{_plural(n_spans, 'span')}, all of them the load generator's CLIENT spans ({N.ATTR_CLIENT}): "
@@ -184,9 +185,14 @@ def no_data_reason(
         ):
             return f"{col} {value} not in the data: {col}s seen are {top_values(con, col)}{tail}"
     where = _scope_words(slo)
+    n_scope = _count(con, f"SELECT count(*) FROM requests WHERE {scope_filter(slo)}")
+    if n_scope == 0:  # the route and the model are in the data, never together
+        on_route = f"route = {sql_str(str(slo.route))}"
+        return (
+            f"no request{where}: models on route {slo.route} are {top_values(con, 'model', on_route)}{tail}"
+        )
     n_kept = _count(con, f"SELECT count(*) FROM requests WHERE {request_filter(slo)}")
     if n_kept == 0:
-        n_scope = _count(con, f"SELECT count(*) FROM requests WHERE {scope_filter(slo)}")
         return (
             f"all {_plural(n_scope, 'request')}{where} were shed (HTTP 429), and shed requests are not latency "
             f"samples{tail}"

@@ -97,7 +97,9 @@ def test_an_sli_the_requests_do_not_carry(
 ) -> None:
     f = _predict_file(tmp_path / "predict.jsonl")
     rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", slo)
-    _assert_no_data(rc, rep, text, "40 request spans seen on route /v1/predict", needle, "read 80 spans from", str(f))
+    _assert_no_data(
+        rc, rep, text, "40 request spans seen on route /v1/predict", needle, "read 80 spans from", str(f)
+    )
 
 
 def test_a_route_not_in_the_data_lists_the_routes_seen(
@@ -173,3 +175,25 @@ def test_the_demo_lever_check_never_reads_no_data_as_met() -> None:
     assert words == "no data after the lever: route /v1/predict not in the data" and "met" not in words
     after_met = {**after, "status": "met", "breached": False, "quantile_ms": 40.0, "no_data_reason": None}
     assert lever_check(run(before), run(after_met))["within_slo_after"] is True
+
+
+def test_a_route_and_a_model_never_together() -> None:
+    import dataclasses
+
+    import duckdb
+
+    from stagescope.analysis.api import analyze
+    from stagescope.slo import parse_slo
+
+    con = duckdb.connect()
+    S.to_tables(con, S.generate("slow-feature-store", 30, seed=1))  # model resnet on /v1/predict
+    con.execute(
+        "INSERT INTO requests SELECT * REPLACE ('/v1/other' AS route, 'llama' AS model) FROM requests LIMIT 5"
+    )
+    slo = dataclasses.replace(parse_slo("p99<300ms")[0], route="/v1/predict", model="llama")
+    rep = analyze(con, slo)
+    assert rep["status"] == STATUS_NO_DATA
+    assert (
+        rep["no_data_reason"]
+        == "no request on route /v1/predict and model llama: models on route /v1/predict are resnet (30 requests)"
+    )
