@@ -215,11 +215,13 @@ def _rename(con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
 
 
 def _analyze_one(
-    con: duckdb.DuckDBPyConnection, dataset: Any, slo: SLO, window: str, counters: dict[str, Any]
+    con: duckdb.DuckDBPyConnection, dataset: Any, target: R.Target, window: str, counters: dict[str, Any]
 ) -> dict[str, Any]:
-    """The report of one SLO on one route (``slo.route``; None: every request in the SLO's scope)."""
+    """The report of one SLO on one route (``target.slo.route``; None: every request in the SLO's
+    scope); its samples are those of ``target.filtered``."""
+    slo = target.slo
     warns: list[str] = []
-    ev_res = B.evaluate(con, slo, window)
+    ev_res = B.evaluate(con, target.filtered, window)
     view: B.SLIView = ev_res["view"]
     warns += view.warnings
     qs = ev_res["quantiles"]

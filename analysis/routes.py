@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -36,12 +37,23 @@ from stagescope.analysis.breach import NOT_SHED, scope_filter
 from stagescope.errors import UserError
 from stagescope.slo import SLO
 
-__all__ = ["MAX_ROUTES", "STREAMING_SHARE", "expand", "order", "restrict", "worst"]
+__all__ = ["MAX_ROUTES", "STREAMING_SHARE", "Target", "expand", "order", "restrict", "worst"]
 
 #: Routes checked at most for one SLO (the busiest); the others are listed as skipped.
 MAX_ROUTES = 20
 #: A route streams when at least this share of its (not shed) requests carries a TTFT.
 STREAMING_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Target:
+    """One (SLO, route) to check: ``slo`` as reported (bound to its route) and ``filtered`` as its
+    samples are selected. They differ only where every request in the SLO's scope has that one
+    route: the filter would then select them all, and it costs a string comparison per request in
+    every query of the analysis (about a tenth of the verdict's time on 1,000,000 requests)."""
+
+    slo: SLO
+    filtered: SLO
 
 
 def restrict(slos: Sequence[SLO], route: str | None, source: str = "--slo") -> list[SLO]:
@@ -100,12 +112,12 @@ def _skip(route: Any, n: int, why: str) -> dict[str, Any]:
     return {"route": route, "requests": n, "why": why}
 
 
-def _expand_one(con: duckdb.DuckDBPyConnection, slo: SLO) -> tuple[list[SLO], list[dict[str, Any]]]:
+def _expand_one(con: duckdb.DuckDBPyConnection, slo: SLO) -> tuple[list[Target], list[dict[str, Any]]]:
     if slo.route is not None:
-        return [slo], []
+        return [Target(slo, slo)], []
     one, value = _single_route(con, scope_filter(slo))
-    if one:  # one route (or none known): nothing to tell apart
-        return [slo if value is None else dataclasses.replace(slo, route=value)], []
+    if one:  # one route (or none known): nothing to tell apart, nothing to filter on
+        return [Target(slo if value is None else dataclasses.replace(slo, route=value), slo)], []
     prof = _profile(con, slo)
     skipped = [_skip(None, n, "no route attribute: not checked") for r, n, *_ in prof if r is None]
     prof = [p for p in prof if p[0] is not None]
@@ -126,17 +138,18 @@ def _expand_one(con: duckdb.DuckDBPyConnection, slo: SLO) -> tuple[list[SLO], li
         elif slo.sli == N.SLI_ITL:
             skipped.append(_skip(r, n, "no inter-token gaps"))
     if not use:  # no route has a sample: one pooled entry, whose no-data reason covers every route
-        return [slo], skipped
+        return [Target(slo, slo)], skipped
     for r, n, *_ in use[MAX_ROUTES:]:
         skipped.append(_skip(r, n, f"beyond the {MAX_ROUTES} busiest routes (--route {r} checks it)"))
-    return [dataclasses.replace(slo, route=p[0]) for p in use[:MAX_ROUTES]], skipped
+    bound = [dataclasses.replace(slo, route=p[0]) for p in use[:MAX_ROUTES]]
+    return [Target(b, b) for b in bound], skipped
 
 
-def expand(con: duckdb.DuckDBPyConnection, slos: Sequence[SLO]) -> tuple[list[SLO], list[dict[str, Any]]]:
-    """The (SLO, route) pairs to check, as SLOs bound to their route, and the routes not checked
+def expand(con: duckdb.DuckDBPyConnection, slos: Sequence[SLO]) -> tuple[list[Target], list[dict[str, Any]]]:
+    """The (SLO, route) pairs to check (:class:`Target`), and the routes not checked
     (``{"route", "requests", "why"}``, at most :data:`MAX_ROUTES` of them per SLO); see the module
     docstring."""
-    targets: list[SLO] = []
+    targets: list[Target] = []
     skipped: list[dict[str, Any]] = []
     for slo in slos:
         got, skip = _expand_one(con, slo)
