@@ -5,37 +5,56 @@ the spans on a bounded in-memory queue and returns: one background thread encode
 ``ExportTraceServiceRequest`` JSON object per line, exactly as the collector's ``file`` exporter
 writes, see :mod:`stagescope.instrumentation.otlp_json`) and appends them to
 ``<directory>/spans-<pid>-<n>.jsonl``. Each process writes its own files (several uvicorn or gunicorn
-workers never share one); a file is rotated to ``n + 1`` when it would exceed ``max_bytes``.
+workers never share one; a file is created exclusively, so two containers whose services are both pid
+1 on one volume do not either); a file is rotated to ``n + 1`` when it would exceed ``max_bytes``.
 
 Bounded: at most ``max_queue_spans`` spans wait; beyond that new spans are dropped and counted
 (``stagescope_spans_dropped_total{exporter="jsonl",reason="queue_full"}``). Flushed every
-``flush_interval_s`` seconds, on ``force_flush``, on ``shutdown`` and at interpreter exit. A request
-never waits on it.
+``flush_interval_s`` seconds, on ``force_flush``, on ``drain``/``shutdown`` and at interpreter exit
+(bounded by the shutdown timeout, see :mod:`stagescope.instrumentation.lifecycle`). A request never
+waits on it.
+
+**Never a corrupt file** (:class:`SpanFile`): a line is written with ``os.write`` calls on an
+``O_APPEND`` descriptor; when one fails (disk full, quota, I/O error) the file is truncated back to its
+last whole line, or, if even that fails, closed and the next line starts a new file. The failed line's
+spans are dropped and counted (``reason="write_failed"``), and the next line is tried as usual, so
+writing resumes when space comes back. A span file or directory deleted under the writer (log
+cleanup, ``rm -rf``) is noticed before the next line (its link count is 0) and recreated. Repeated
+failures log one line a minute, not a traceback per write (:class:`~.lifecycle.RateLimitedLog`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 
+from stagescope.instrumentation.lifecycle import RateLimitedLog, resolve_shutdown_timeout
 from stagescope.instrumentation.otlp_json import EncodedSpans, encode_spans
+from stagescope.instrumentation.spanqueue import (
+    QueuedSpanExporter,
+    SpanCounter,
+    after_fork_in_child,
+    resolve_metrics,
+)
+from stagescope.names import DROP_BUILD_FAILED, DROP_WRITE_FAILED
 
 __all__ = [
     "JsonLinesSpanExporter",
     "QueuedSpanExporter",
     "SpanCounter",
+    "SpanFile",
     "after_fork_in_child",
     "resolve_metrics",
 ]
@@ -48,118 +67,84 @@ DEFAULT_MAX_QUEUE_SPANS = 16384
 SPANS_PER_LINE = 128
 
 
-def after_fork_in_child(obj: object, method: str) -> None:
-    """Call ``obj.<method>()`` in a forked child (gunicorn ``--preload``): threads do not survive fork."""
-    ref = weakref.ref(obj)
+class SpanFile:
+    """The current ``spans-<pid>-<n>.jsonl`` of one process: whole lines only (see the module docstring).
 
-    def callback() -> None:
-        target = ref()
-        if target is not None:
-            getattr(target, method)()
-
-    os.register_at_fork(after_in_child=callback)
-
-
-def resolve_metrics(metrics: Any) -> Any:
-    """``metrics`` if given, else the StageMetrics installed by the latest ``instrument_app`` (or None)."""
-    if metrics is not None:
-        return metrics
-    try:
-        from stagescope.instrumentation.metrics import default_metrics
-
-        return default_metrics()
-    except Exception:
-        return None
-
-
-class SpanCounter:
-    """Counts exported and dropped spans on a StageMetrics, resolved lazily, never raising."""
-
-    def __init__(self, label: str, metrics: Any = None) -> None:
-        self.label = label
-        self._metrics = metrics
-        self.exported = 0
-        self.dropped: dict[str, int] = {}
-
-    def _m(self) -> Any:
-        return resolve_metrics(self._metrics)
-
-    def ok(self, n: int) -> None:
-        self.exported += n
-        m = self._m()
-        if m is not None and n:
-            with contextlib.suppress(Exception):
-                m.span_exported(n, self.label)
-
-    def drop(self, n: int, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
-        m = self._m()
-        if m is not None and n:
-            with contextlib.suppress(Exception):
-                m.span_dropped(n, self.label, reason)
-
-
-class QueuedSpanExporter(SpanExporter):
-    """The request side that stagescope's span exporters share: ``export`` puts spans on a bounded
-    queue that one background thread drains, and never blocks. With the queue full, or the exporter
-    stopped, the spans are dropped and counted.
-
-    A subclass calls :meth:`_init_queue` from its ``__init__`` (and :meth:`_reset_queue` in a forked
-    child, where locks and threads do not survive), drains ``_queue`` in its thread under ``_lock``
-    (keeping ``_queued`` right), calls :meth:`_mark_done` after each batch, and says in
-    :meth:`_wake_now` when enough is queued to wake its thread before the next interval.
+    :meth:`write` raises ``OSError`` when a line could not be written, after putting the file back to
+    its last whole line (or giving it up, so the next line opens a new one).
     """
 
-    def _init_queue(self, counter: SpanCounter, max_queue_spans: int) -> None:
-        self.counter = counter
-        self.max_queue_spans = max_queue_spans
-        self._queue: deque[Any] = deque()
-        self._stopped = False
-        self._reset_queue()
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.fd: int | None = None
+        self.path: Path | None = None
+        self.size = 0  # bytes of whole lines in the current file
+        self.pid = -1
+        self.index = -1
+        self.files: list[Path] = []
+        self.reopened = 0  # files recreated after being deleted
+        self.cut = 0  # half-written lines truncated away after a failed write
 
-    def _reset_queue(self) -> None:
-        self._queue.clear()
-        self._queued = 0  # spans waiting
-        self._accepted = 0  # export calls accepted
-        self._done = 0  # of those, handled by the thread (exported, written or dropped)
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
+    def write(self, line: bytes) -> None:
+        pid = os.getpid()
+        if self.fd is None or self.pid != pid or self.size + len(line) > self.max_bytes:
+            self._open_next(pid)
+        elif os.fstat(self.fd).st_nlink == 0:  # deleted (file or whole directory) under us: recreate
+            _log.warning("stagescope: span file %s was deleted; continuing in a new file", self.path)
+            self.reopened += 1
+            self._open_next(pid)
+        fd = self.fd
+        assert fd is not None
+        view = memoryview(line)
+        written = 0
+        try:
+            while written < len(line):
+                n = os.write(fd, view[written:])
+                if n <= 0:  # pragma: no cover - a regular file never accepts 0 bytes without an error
+                    raise OSError(errno.EIO, "write accepted no bytes")
+                written += n
+        except OSError:
+            if written:
+                self._truncate_back()
+            raise
+        self.size += written
 
-    def _wake_now(self) -> bool:
-        """True when the thread should run now rather than at its next interval."""
-        return False
+    def _truncate_back(self) -> None:
+        """Cut a half-written line off (ftruncate needs no free space); else give the file up."""
+        try:
+            assert self.fd is not None
+            os.ftruncate(self.fd, self.size)
+            self.cut += 1
+        except OSError:
+            self.close()  # the next line starts a new file; this one ends with a partial line we cannot cut
 
-    def _enqueue(self, item: Any, n: int) -> SpanExportResult:
-        if not n:
-            return SpanExportResult.SUCCESS
-        if self._stopped:
-            self.counter.drop(n, "shutdown")
-            return SpanExportResult.FAILURE
-        if self._queued + n > self.max_queue_spans:
-            self.counter.drop(n, "queue_full")
-            return SpanExportResult.FAILURE
-        with self._lock:
-            self._queue.append(item)
-            self._queued += n
-            self._accepted += 1
-        if self._wake_now():
-            self._wake.set()
-        return SpanExportResult.SUCCESS
+    def _open_next(self, pid: int) -> None:
+        if self.fd is not None and self.pid == pid:
+            self.close()
+        self.fd = None  # a forked child leaves the parent's descriptor alone
+        if self.pid != pid:
+            self.index = -1
+        self.pid = pid
+        self.directory.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        while True:
+            self.index += 1
+            path = self.directory / f"spans-{pid}-{self.index}.jsonl"
+            try:
+                self.fd = os.open(path, flags, 0o644)
+            except FileExistsError:
+                continue
+            break
+        self.path = path
+        self.size = 0
+        self.files.append(path)
 
-    def _mark_done(self, calls: int) -> None:
-        """The thread handled ``calls`` queued export calls (exported, written or dropped)."""
-        with self._cond:
-            self._done += calls
-            self._cond.notify_all()
-
-    def _wait_done(self, timeout_millis: int) -> bool:
-        """Wake the thread and wait until every call accepted so far is handled."""
-        with self._lock:
-            target = self._accepted
-        self._wake.set()
-        with self._cond:
-            return bool(self._cond.wait_for(lambda: self._done >= target, timeout=timeout_millis / 1000))
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class JsonLinesSpanExporter(QueuedSpanExporter):
@@ -174,21 +159,25 @@ class JsonLinesSpanExporter(QueuedSpanExporter):
         flush_interval_s: float = 1.0,
         metrics: Any = None,
         exporter_label: str = "jsonl",
+        shutdown_timeout_s: float | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.flush_interval_s = flush_interval_s
+        self.shutdown_timeout_s = resolve_shutdown_timeout(shutdown_timeout_s)
         self._init_queue(SpanCounter(exporter_label, metrics), max_queue_spans)
-        self._file: IO[bytes] | None = None
-        self._file_pid = -1
-        self._file_index = -1
-        self._file_size = 0
-        self.files: list[Path] = []
+        self._file = SpanFile(self.directory, max_bytes)
+        self._write_log = RateLimitedLog(_log, f"writing spans to {self.directory}")
         self._thread: threading.Thread | None = None
         self._start()
         atexit.register(_shutdown_ref, weakref.ref(self))
         after_fork_in_child(self, "_after_fork")
+
+    @property
+    def files(self) -> list[Path]:
+        """Every span file this exporter opened, oldest first."""
+        return self._file.files
 
     # ------------------------------------------------------------------ request side (non-blocking)
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -208,7 +197,7 @@ class JsonLinesSpanExporter(QueuedSpanExporter):
 
     def _after_fork(self) -> None:
         self._reset_queue()
-        self._file = None  # the parent's file stays the parent's
+        self._file = SpanFile(self.directory, self.max_bytes)  # the parent's file stays the parent's
         if not self._stopped:
             self._start()
 
@@ -222,76 +211,45 @@ class JsonLinesSpanExporter(QueuedSpanExporter):
                 return
 
     def _write_pending(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue:
-                    return
-                batch: list[ReadableSpan] = []
-                groups: list[EncodedSpans] = []
-                calls = n = 0
-                while self._queue and n < SPANS_PER_LINE:
-                    item = self._queue.popleft()
-                    if isinstance(item, EncodedSpans):
-                        groups.append(item)
-                        n += len(item.spans)
-                    else:
-                        batch.extend(item)
-                        n += len(item)
-                    calls += 1
-                self._queued -= n
+        while self._queue:
+            items, n, calls = self._take(SPANS_PER_LINE)
+            batch: list[ReadableSpan] = []
+            groups: list[EncodedSpans] = []
+            for item in items:
+                if isinstance(item, EncodedSpans):
+                    groups.append(item)
+                else:
+                    batch.extend(item)
             try:
                 line = encode_spans(batch, groups) + b"\n"
-                self._write(line)
-                self.counter.ok(n)
-            except Exception:
-                _log.warning("stagescope: writing spans to %s failed", self.directory, exc_info=True)
-                self.counter.drop(n, "write_failed")
+            except Exception as exc:
+                self.counter.drop(n, DROP_BUILD_FAILED)
+                self._write_log.failed(f"encoding {n} spans: {exc!r}", "those spans are dropped and counted")
+            else:
+                try:
+                    self._file.write(line)
+                except OSError as exc:
+                    self.counter.drop(n, DROP_WRITE_FAILED)
+                    self._write_log.failed(
+                        exc.strerror or exc, f"{n} spans dropped (counted, reason={DROP_WRITE_FAILED})"
+                    )
+                else:
+                    self.counter.ok(n)
+                    self._write_log.recovered()
             self._mark_done(calls)
             time.sleep(0)  # let the event loop thread take the GIL between lines
 
-    def _write(self, line: bytes) -> None:
-        pid = os.getpid()
-        if self._file is None or self._file_pid != pid or self._file_size + len(line) > self.max_bytes:
-            self._open_next(pid)
-        f = self._file
-        assert f is not None
-        f.write(line)
-        f.flush()
-        self._file_size += len(line)
-
-    def _open_next(self, pid: int) -> None:
-        if self._file is not None and self._file_pid == pid:
-            self._file.close()
-        if self._file_pid != pid:
-            self._file_index = -1
-        self._file_pid = pid
-        while True:
-            self._file_index += 1
-            path = self.directory / f"spans-{pid}-{self._file_index}.jsonl"
-            if not path.exists():
-                break
-        self._file = open(path, "ab")  # noqa: SIM115 - kept open across writes, closed on rotation/shutdown
-        self._file_size = 0
-        self.files.append(path)
-
     # ------------------------------------------------------------------ SpanExporter lifecycle
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Write everything accepted so far; True when done within the timeout."""
-        return self._wait_done(timeout_millis)
-
     def shutdown(self) -> None:
+        """Write what is queued (at most the shutdown timeout), then stop the thread and close the file."""
         if self._stopped:
             return
-        self.force_flush(10000)
+        self.drain(time.monotonic() + self.shutdown_timeout_s)
         self._stopped = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(10)
-        if self._file is not None:
-            try:
-                self._file.close()
-            finally:
-                self._file = None
+            self._thread.join(1.0)
+        self._file.close()
 
 
 def _shutdown_ref(ref: weakref.ref[JsonLinesSpanExporter]) -> None:

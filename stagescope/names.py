@@ -224,13 +224,31 @@ TRITON_GPU_MEMORY_USED: Final = "nv_gpu_memory_used_bytes"
 # --------------------------------------------------------------------------------------------------
 LABEL_ROUTE: Final = "route"  # route template, never the raw path
 LABEL_MODEL: Final = "model"  # from a configured set; others fold into OTHER_MODEL
-LABEL_STATUS_CLASS: Final = "status_class"  # "2xx", "4xx", "5xx"
+LABEL_STATUS_CLASS: Final = "status_class"  # "2xx", "4xx", "5xx", STATUS_CLASS_CLIENT_CLOSED
 LABEL_STAGE: Final = "stage"
 LABEL_EXPORTER: Final = "exporter"
 LABEL_REASON: Final = "reason"
 LABEL_GPU: Final = "gpu"
 OTHER_MODEL: Final = "other"  # folded value for models outside the configured set
 UNMATCHED_ROUTE: Final = "unmatched"  # route label for paths that match no route template
+
+# A request whose client went away before the answer was complete (mid-upload, while the server
+# worked, or mid-stream): not a server error. Recorded with HTTP status 499 (nginx's "client closed
+# request") on its span and the analysis' ``requests.status_code``, and with its own status class on
+# the request histogram; neither the analysis' SLI samples nor the generated SLO rules count it.
+STATUS_CODE_CLIENT_CLOSED: Final = 499
+STATUS_CLASS_CLIENT_CLOSED: Final = "client_closed"
+
+# Why a span was not exported: values of the ``reason`` label of METRIC_SPANS_DROPPED.
+DROP_QUEUE_FULL: Final = "queue_full"  # the bounded queue (span thread or exporter) was full
+DROP_BUILD_FAILED: Final = "build_failed"  # the record could not be turned into spans / encoded
+DROP_WRITE_FAILED: Final = "write_failed"  # span file: the write failed (disk full, I/O error, no directory)
+DROP_EXPORT_FAILED: Final = "export_failed"  # OTLP: every retry of the batch failed (down, hanging, 429/5xx)
+DROP_REJECTED: Final = "rejected"  # OTLP: the collector refused the data for good (4xx, partial success)
+DROP_SHUTDOWN: Final = "shutdown"  # not written by the shutdown deadline, or handed over after the stop
+DROP_REASONS: Final[tuple[str, ...]] = (
+    DROP_QUEUE_FULL, DROP_BUILD_FAILED, DROP_WRITE_FAILED, DROP_EXPORT_FAILED, DROP_REJECTED, DROP_SHUTDOWN,
+)  # fmt: skip
 
 # --------------------------------------------------------------------------------------------------
 # Span names and attribute keys.
@@ -347,5 +365,8 @@ ENV_SLOW_THRESHOLD_MS: Final = "STAGESCOPE_SLOW_THRESHOLD_MS"
 ENV_BASELINE_SAMPLE: Final = "STAGESCOPE_BASELINE_SAMPLE"
 ENV_MODELS: Final = "STAGESCOPE_MODELS"
 ENV_INSTRUMENTATION_MODE: Final = "STAGESCOPE_INSTRUMENTATION_MODE"
+#: Seconds a graceful stop (SIGTERM/SIGINT through the ASGI lifespan, atexit, ``shutdown()``) may spend
+#: writing or sending the spans still queued; what is left then is counted as DROP_SHUTDOWN.
+ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
 
 __all__ = sorted(name for name in dir() if name.isupper())
