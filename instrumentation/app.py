@@ -20,7 +20,12 @@ What it installs:
   ``spans_dir`` / ``$STAGESCOPE_SPANS_DIR``; with none of them, metrics only (a warning says so);
 * the sampling policy (:mod:`stagescope.instrumentation.sampling`): slow (``slow_threshold_ms``) and
   failed requests always keep their trace, a ``baseline_sample`` share of the rest, and
-  ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured.
+  ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured;
+* a graceful stop: when the app's ASGI lifespan shutdown completes (SIGTERM or SIGINT under uvicorn or
+  gunicorn), at interpreter exit, and on ``Instrumentation.shutdown()``, every kept span of the
+  requests answered so far is written or sent, for at most ``shutdown_timeout_s`` (argument, else
+  ``$STAGESCOPE_SHUTDOWN_TIMEOUT_S``, else 5 s); what is left then is counted (``reason="shutdown"``)
+  and logged once (see :mod:`stagescope.instrumentation.lifecycle`).
 
 Idempotent and symmetric: instrumenting an instrumented app returns the existing handle;
 ``uninstrument_app`` removes the middleware, the metrics route and (otel-fastapi mode) the stock
@@ -34,6 +39,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -43,6 +50,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.middleware import Middleware
 
 from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_configured
+from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
 from stagescope.instrumentation.metrics import StageMetrics, make_metrics_app, set_default_metrics
 from stagescope.instrumentation.middleware import (
     MiddlewareState,
@@ -53,8 +61,16 @@ from stagescope.instrumentation.middleware import (
 from stagescope.instrumentation.pipeline import SpanPipeline, deliver_to_provider
 from stagescope.instrumentation.sampling import SamplingPolicy
 from stagescope.instrumentation.sink import JsonLinesSpanExporter
+from stagescope.instrumentation.spanqueue import QueuedSpanExporter
 from stagescope.instrumentation.tracing import SpanBuilder
-from stagescope.names import ENV_INSTRUMENTATION_MODE, ENV_MODELS, ENV_SPANS_DIR
+from stagescope.names import (
+    DROP_SHUTDOWN,
+    ENV_INSTRUMENTATION_MODE,
+    ENV_MODELS,
+    ENV_SHUTDOWN_TIMEOUT_S,
+    ENV_SPANS_DIR,
+    METRIC_SPANS_DROPPED,
+)
 
 __all__ = ["MODES", "Instrumentation", "instrument_app", "uninstrument_app"]
 
@@ -90,6 +106,7 @@ class Instrumentation:
         tracer_provider: Any,
         owns_provider: bool,
         metrics_route: Any,
+        shutdown_timeout_s: float = 5.0,
     ) -> None:
         self.app = app
         self.service_name = service_name
@@ -102,7 +119,9 @@ class Instrumentation:
         self.tracer_provider = tracer_provider
         self._owns_provider = owns_provider
         self._metrics_route = metrics_route
+        self.shutdown_timeout_s = shutdown_timeout_s
         self._closed = False
+        self._drain_lock = threading.Lock()
 
     @property
     def tracing(self) -> bool:
@@ -115,13 +134,46 @@ class Instrumentation:
             return True
         return self.pipeline.force_flush(timeout_s)
 
+    def drain(self, timeout_s: float | None = None) -> int:
+        """Write or send every kept span of the requests finished so far, for at most ``timeout_s``
+        (default: the shutdown timeout). What could not be exported by then is dropped, counted
+        (``reason="shutdown"``) and logged once; returns that number of spans. Export keeps running
+        afterwards (an app whose lifespan restarts keeps exporting). Called when the app's lifespan
+        shutdown completes, at interpreter exit and by :meth:`shutdown`."""
+        timeout = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        with self._drain_lock:
+            dropped = 0
+            if self.pipeline is not None:
+                dropped += self.pipeline.drain(deadline)
+            flushed = True
+            if isinstance(self.exporter, QueuedSpanExporter):
+                dropped += self.exporter.drain(deadline)
+            elif self.pipeline is not None and not self._owns_provider and self.tracer_provider is not None:
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    flushed = bool(self.tracer_provider.force_flush(left_ms))
+                except Exception:
+                    flushed = False
+        if dropped:
+            _log.warning(
+                "stagescope: %d spans could not be exported within the shutdown timeout (%g s, %s); "
+                "counted in %s{reason=%r}",
+                dropped, timeout, ENV_SHUTDOWN_TIMEOUT_S, METRIC_SPANS_DROPPED, DROP_SHUTDOWN,
+            )  # fmt: skip
+        elif not flushed:
+            _log.warning("stagescope: the tracer provider did not flush within the shutdown timeout (%g s)", timeout)
+        return dropped
+
     def shutdown(self) -> None:
-        """Flush and stop span export (the middleware keeps measuring, metrics keep working)."""
+        """Drain (at most the shutdown timeout) and stop span export (the middleware keeps measuring,
+        metrics keep working)."""
         if self._closed:
             return
         self._closed = True
+        self.drain()
         if self.pipeline is not None:
-            self.pipeline.shutdown()
+            self.pipeline.shutdown(0.1)
         if self._owns_provider and self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         elif self.exporter is not None:
@@ -150,14 +202,18 @@ def instrument_app(
     metrics_path: str = "/metrics",
     record_hook: RecordHook | None = None,
     otel_fastapi_options: Mapping[str, Any] | None = None,
+    shutdown_timeout_s: float | None = None,
 ) -> Instrumentation:
     """Instrument ``app``; see the module docstring. ``mode``: argument, ``$STAGESCOPE_INSTRUMENTATION_MODE``,
     ``"fast"``. ``models``: argument, ``$STAGESCOPE_MODELS``. ``record_hook(record)`` runs once per finished
-    request before publishing (add attributes); its failures are logged once and never reach the request."""
+    request before publishing (add attributes); its failures are logged once and never reach the request.
+    ``shutdown_timeout_s``: argument, ``$STAGESCOPE_SHUTDOWN_TIMEOUT_S``, 5 s (seconds a graceful stop may
+    spend exporting what is queued)."""
     existing = getattr(app, _ATTR, None)
     if existing is not None:
         return existing
     mode = _resolve_mode(mode)
+    shutdown_timeout = resolve_shutdown_timeout(shutdown_timeout_s)
     if models is None and os.environ.get(ENV_MODELS, "").strip():
         models = [m.strip() for m in os.environ[ENV_MODELS].split(",") if m.strip()]
     policy = SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample)
@@ -168,7 +224,11 @@ def instrument_app(
     exporter: SpanExporter | None = None
     provider = tracer_provider
     if provider is None and (mode == "otel-fastapi" or _has_destination(spans_dir)):
-        exporter = make_span_exporter(spans_dir, metrics=metrics) if _has_destination(spans_dir) else None
+        exporter = (
+            make_span_exporter(spans_dir, metrics=metrics, shutdown_timeout_s=shutdown_timeout)
+            if _has_destination(spans_dir)
+            else None
+        )
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -189,14 +249,14 @@ def instrument_app(
         if owns_provider and exporter is not None and mode == "fast":  # straight to our exporter
             pipeline = SpanPipeline(
                 builder, exporter.export, exporter_label="stagescope", metrics=metrics,
-                flush_downstream=lambda: exporter.force_flush(),
+                flush_downstream=lambda ms: exporter.force_flush(ms),
                 deliver_encoded=exporter.export_encoded if isinstance(exporter, JsonLinesSpanExporter) else None,
             )  # fmt: skip
         elif not owns_provider or exporter is not None:
             pipeline = SpanPipeline(
                 builder, deliver_to_provider(provider), exporter_label="tracer_provider", metrics=metrics,
                 count_exported=not owns_provider, server_spans=(mode == "fast"),
-                flush_downstream=lambda: provider.force_flush(),
+                flush_downstream=lambda ms: provider.force_flush(ms),
             )  # fmt: skip
     elif provider is not None:
         _log.warning("stagescope: tracer_provider is not an SDK TracerProvider; no spans are exported")
@@ -231,11 +291,13 @@ def instrument_app(
     handle = Instrumentation(
         app, service_name=service_name, mode=mode, metrics=metrics, policy=policy, state=state,
         pipeline=pipeline, exporter=exporter, tracer_provider=provider, owns_provider=owns_provider,
-        metrics_route=metrics_route,
+        metrics_route=metrics_route, shutdown_timeout_s=shutdown_timeout,
     )  # fmt: skip
     setattr(app, _ATTR, handle)
     ref = weakref.ref(handle)
-    atexit.register(lambda: (h := ref()) is not None and h.force_flush(5.0))
+    if pipeline is not None:
+        state.on_shutdown = lambda: (h := ref()) is not None and h.drain()
+    atexit.register(lambda: (h := ref()) is not None and not h._closed and h.drain())
     return handle
 
 

@@ -104,7 +104,10 @@ def resolve_buckets(overrides: Mapping[str, Sequence[float]] | None = None) -> d
 
 
 def status_class(code: int | None) -> str:
-    """``200 -> "2xx"``; ``None`` (no response started: the app raised) counts as ``"5xx"``."""
+    """``200 -> "2xx"``; ``None`` (no response started: the app raised) counts as ``"5xx"``; 499 (the
+    client went away before its answer was complete) is ``"client_closed"``, not a client or server error."""
+    if code == names.STATUS_CODE_CLIENT_CLOSED:
+        return names.STATUS_CLASS_CLIENT_CLOSED
     if code is None or not 100 <= code <= 599:
         return "5xx"
     return f"{code // 100}xx"

@@ -11,8 +11,18 @@ stream. Then the publishers run: StageMetrics observes it (every request), the s
 decides whether its trace is kept, and a kept record is queued for the span thread (tracing.py).
 
 Responses with status 429 are counted as shed. An exception from the app ends the record with
-``error.type`` and status 500 and is re-raised. Nothing the telemetry does can fail a request: every
-publisher call and user hook is wrapped, and a failure is logged once and then only counted.
+``error.type`` and status 500 and is re-raised. A client that leaves before its answer is complete
+(mid-upload, while the app works, mid-stream; see :mod:`~stagescope.instrumentation.disconnect`) ends
+the record with status 499 (``status_class="client_closed"``), not a server error; the exception that
+only says so (Starlette's ``ClientDisconnect``, a reset connection) is not re-raised, so the server
+logs no traceback: one line a minute says it happened. Nothing the telemetry does can fail a request:
+every publisher call and user hook is wrapped, and a failure is logged once and then only counted.
+
+**Graceful stop.** The middleware also sees the ASGI ``lifespan`` scope: when the app has finished its
+own shutdown (it sends ``lifespan.shutdown.complete`` or ``.failed``), ``MiddlewareState.on_shutdown``
+drains the span pipeline and the exporter (bounded by the shutdown timeout, in a worker thread so the
+loop stays responsive) before the server hears that shutdown is complete. That is what makes a
+SIGTERM under uvicorn or gunicorn lose nothing (see :mod:`stagescope.instrumentation.lifecycle`).
 
 In ``otel-fastapi`` mode the stock instrumentor owns the server span: this middleware runs inside
 it, takes that span's ids, puts stagescope's attributes on it before it ends and emits the stage
@@ -21,16 +31,23 @@ spans under it when it is sampled.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagescope.instrumentation.disconnect import (
+    ClientWatch,
+    is_disconnect_error,
+    log_client_closed,
+    may_watch_at_start,
+)
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import SamplingPolicy
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
-from stagescope.names import UNMATCHED_ROUTE
+from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
 __all__ = ["MiddlewareState", "RouteResolver", "StagescopeMiddleware", "parse_traceparent"]
 
@@ -123,6 +140,8 @@ class MiddlewareState:
     excluded_paths: frozenset[str] = frozenset()
     record_hook: RecordHook | None = None
     enabled: bool = True
+    #: Runs (in a worker thread) when the app's lifespan shutdown is complete: drains span export.
+    on_shutdown: Callable[[], object] | None = None
     _warned: set[str] = field(default_factory=set)
 
     def warn_once(self, what: str) -> None:
@@ -145,10 +164,15 @@ class StagescopeMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
         if scope["type"] != "http" or not state.enabled or scope.get("path") in state.excluded_paths:
+            if scope["type"] == "lifespan" and state.on_shutdown is not None:
+                send = self._lifespan_send(send)
             await self.app(scope, receive, send)
             return
         try:
             rec = self._open(scope)
+            watch = ClientWatch(receive, rec)
+            if may_watch_at_start(scope.get("headers")):
+                watch.start()
         except Exception:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
@@ -159,25 +183,34 @@ class StagescopeMiddleware:
         # is finished (and the span annotated) just before that chunk is handed over.
         finish_first = state.mode == "otel-fastapi"
 
+        def end(during: str = "before the answer was complete") -> None:
+            if watch.closed:
+                rec.status_code = STATUS_CODE_CLIENT_CLOSED
+                log_client_closed(rec.method, rec.route, during)
+            finish(rec)
+
         async def send_wrapper(message: Message) -> None:
             mtype = message["type"]
             if mtype == "http.response.body":
                 if not message.get("more_body", False) and rec.end_ns is None:
                     if finish_first:
-                        finish(rec)
+                        end()
                         await send(message)
                         return
                     await send(message)
-                    finish(rec)
+                    end()
                     return
             elif mtype == "http.response.start":
                 rec.status_code = message["status"]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, watch, send_wrapper)
         except BaseException as exc:
             if rec.end_ns is None:
+                if watch.closed and is_disconnect_error(exc):
+                    end("mid-request")
+                    return  # nobody to answer: no 500, no traceback (the server closes the connection)
                 rec.error_type = type(exc).__qualname__
                 if rec.status_code is None:
                     rec.status_code = 500
@@ -185,8 +218,26 @@ class StagescopeMiddleware:
             raise
         finally:
             _current.reset(token)
+            watch.stop()
             if rec.end_ns is None:  # the app returned without finishing its response
-                finish(rec)
+                end()
+
+    def _lifespan_send(self, send: Send) -> Send:
+        """``send`` of the lifespan scope: drain span export once the app's own shutdown is over."""
+        on_shutdown = self.state.on_shutdown
+
+        async def lifespan_send(message: Message) -> None:
+            if on_shutdown is not None and message.get("type") in (
+                "lifespan.shutdown.complete",
+                "lifespan.shutdown.failed",
+            ):
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
+                except Exception:
+                    self.state.warn_once("draining span export at shutdown")
+            await send(message)
+
+        return lifespan_send
 
     def _open(self, scope: Scope) -> TracedRecord:
         state = self.state

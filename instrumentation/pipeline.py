@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from stagescope.instrumentation.otlp_json import EncodedSpans
-from stagescope.instrumentation.sink import after_fork_in_child
+from stagescope.instrumentation.spanqueue import after_fork_in_child
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord
+from stagescope.names import DROP_BUILD_FAILED, DROP_EXPORT_FAILED, DROP_QUEUE_FULL, DROP_SHUTDOWN
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -72,7 +73,7 @@ class SpanPipeline:
         max_queue: int = 16384,
         batch_size: int = 128,
         interval_s: float = 0.2,
-        flush_downstream: Callable[[], object] | None = None,
+        flush_downstream: Callable[[int], object] | None = None,
         deliver_encoded: Callable[[EncodedSpans], object] | None = None,
     ) -> None:
         self.builder = builder
@@ -113,7 +114,7 @@ class SpanPipeline:
         """Queue a kept record (never blocks; drops and counts when the queue is full)."""
         q = self._queue
         if len(q) >= self.max_queue or self._stopped:
-            self._count_dropped(1 + len(rec.stages), "queue_full" if not self._stopped else "shutdown")
+            self._count_dropped(1 + len(rec.stages), DROP_QUEUE_FULL if not self._stopped else DROP_SHUTDOWN)
             return
         q.append(rec)
         self._submitted += 1
@@ -121,7 +122,7 @@ class SpanPipeline:
             self._wake.set()
 
     def _count_dropped(self, n: int, reason: str) -> None:
-        if self.metrics is not None:
+        if n and self.metrics is not None:
             with contextlib.suppress(Exception):  # telemetry never raises into the service
                 self.metrics.span_dropped(n, self.exporter_label, reason)
 
@@ -149,7 +150,7 @@ class SpanPipeline:
                     spans.extend(build(rec, server=self.server_spans))
                 except Exception:
                     self._warn("building spans failed")
-                    self._count_dropped(1 + len(rec.stages), "build_failed")
+                    self._count_dropped(1 + len(rec.stages), DROP_BUILD_FAILED)
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     time.sleep(0)  # hand the GIL to the event loop if it waits (short, frequent holds)
             try:
@@ -161,7 +162,7 @@ class SpanPipeline:
                         self.metrics.span_exported(len(spans), self.exporter_label)
             except Exception:
                 self._warn("delivering spans failed")
-                self._count_dropped(len(spans), "export_failed")
+                self._count_dropped(len(spans), DROP_EXPORT_FAILED)
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()
@@ -172,23 +173,52 @@ class SpanPipeline:
             _log.warning("stagescope: %s (further failures are counted, not logged)", what, exc_info=True)
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every record submitted so far is exported (then flush downstream)."""
+        """Wait until every record submitted so far is exported, then flush downstream with the time
+        left (``flush_downstream(milliseconds)``); True when both finished within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
         target = self._submitted
         self._wake.set()
         with self._cond:
             ok = self._cond.wait_for(lambda: self._done >= target, timeout=timeout_s)
         if self.flush_downstream is not None:
             try:
-                self.flush_downstream()
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                ok = bool(self.flush_downstream(left_ms)) and ok
             except Exception:
                 self._warn("flushing the exporter failed")
+                ok = False
         return bool(ok)
 
+    def drain(self, deadline: float) -> int:
+        """Hand every record submitted so far on to the exporter until ``deadline`` (``time.monotonic()``);
+        records still queued then are dropped and counted as ``shutdown``. Returns the spans dropped.
+        Does not flush downstream (the caller drains the exporter next, with what time is left)."""
+        target = self._submitted
+        self._wake.set()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._done >= target, timeout=max(0.0, deadline - time.monotonic()))
+        if ok:
+            return 0
+        dropped = records = 0
+        while True:
+            try:
+                rec = self._queue.popleft()
+            except IndexError:
+                break
+            dropped += 1 + len(rec.stages)
+            records += 1
+        self._count_dropped(dropped, DROP_SHUTDOWN)
+        with self._cond:
+            self._done += records
+            self._cond.notify_all()
+        return dropped
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Export what is queued, then stop the thread; later records are dropped and counted."""
+        """Export what is queued (for at most ``timeout_s``), then stop the thread; later records are
+        dropped and counted."""
         if self._stopped:
             return
-        self.force_flush(timeout_s)
+        self.drain(time.monotonic() + timeout_s)
         self._stopped = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():

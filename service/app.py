@@ -221,9 +221,8 @@ def create_app(
         await svc.start()
         try:
             yield
-        finally:
+        finally:  # then the instrumentation drains span export (it sees the lifespan shutdown complete)
             await svc.stop()
-            handle.force_flush(10.0)
 
     app = FastAPI(title="stagescope reference inference service", lifespan=lifespan)
     handle = stagescope.instrument_app(

@@ -1,0 +1,156 @@
+"""Noticing a client that goes away before its answer is complete (HTTP 499, "client closed request").
+
+A client may leave mid-upload (the app's ``receive`` gets ``http.disconnect`` before the last body
+chunk, and Starlette raises ``ClientDisconnect``), while the server works on the answer, or in the
+middle of a streamed answer. None of that is a server error: the middleware records it with
+:data:`~stagescope.names.STATUS_CODE_CLIENT_CLOSED` and the status class
+:data:`~stagescope.names.STATUS_CLASS_CLIENT_CLOSED`, logs one line (then at most one a minute, with a
+count) and no traceback, and the SLO's samples and error ratio leave it out.
+
+To see a client leave while the app is busy, :class:`ClientWatch` keeps one ``receive()`` pending
+once the request body is complete (after the app read its last chunk, or at once for a request
+without a body): the ASGI server answers it with ``http.disconnect`` when the connection drops (or when
+the response is done, which is then ignored). The app's own ``receive`` calls go through the watch, so
+the server never sees two ``receive()`` at a time and the app gets every message once, in order.
+A request that announces a body is not read ahead (no eager ``100 Continue``, no change to flow control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from stagescope.names import STATUS_CLASS_CLIENT_CLOSED, STATUS_CODE_CLIENT_CLOSED
+
+__all__ = ["ClientWatch", "is_disconnect_error", "log_client_closed", "may_watch_at_start"]
+
+_log = logging.getLogger(__name__)
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+
+_DISCONNECT_ERRORS = ("ClientDisconnect", "ClosedResourceError", "BrokenResourceError", "EndOfStream")
+_DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
+
+
+def may_watch_at_start(headers: Any) -> bool:
+    """True when a request has no body to read (no ``content-length`` > 0, no ``transfer-encoding``,
+    no ``expect``): its only message can be read ahead without changing what the server does."""
+    for k, v in headers or ():
+        if k == b"transfer-encoding" or k == b"expect" or (k == b"content-length" and v.strip() not in (b"", b"0")):
+            return False
+    return True
+
+
+def is_disconnect_error(exc: BaseException) -> bool:
+    """An exception that only says the client went away (Starlette's ``ClientDisconnect``, anyio's closed
+    streams, a reset or broken connection); anything else stays a server error."""
+    if not isinstance(exc, Exception):
+        return False  # CancelledError, KeyboardInterrupt, SystemExit: never swallowed
+    return isinstance(exc, OSError) or type(exc).__name__ in _DISCONNECT_ERRORS
+
+
+class ClientWatch:
+    """The app's ``receive`` for one request; ``closed`` turns True when the client left before
+    ``record.end_ns`` was set (see the module docstring)."""
+
+    __slots__ = ("_held", "_receive", "_task", "_waiter", "closed", "record")
+
+    def __init__(self, receive: Receive, record: Any) -> None:
+        self._receive = receive
+        self.record = record
+        self.closed = False
+        self._held: deque[Message] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """Keep one ``receive()`` pending from now on (the body is complete, or there is none)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                msg = await self._receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a server that raises once the connection is gone
+                msg = dict(_DISCONNECT)
+            self._note(msg)
+            self._held.append(msg)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            if msg.get("type") != "http.request" or msg.get("more_body", False):
+                return  # disconnected, or a body after all: the app reads the rest itself
+
+    def _note(self, msg: Message) -> None:
+        if msg.get("type") == "http.disconnect" and self.record.end_ns is None:
+            self.closed = True
+
+    async def __call__(self) -> Message:
+        """The ``receive`` the app sees: held messages first, then the server's."""
+        while not self._held:
+            task = self._task
+            if task is None or task.done():
+                msg = await self._receive()
+                self._note(msg)
+                if msg.get("type") == "http.request" and not msg.get("more_body", False):
+                    self.start()
+                return msg
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._held.popleft()
+
+    def stop(self) -> None:
+        """The request is over: drop a ``receive()`` still pending (servers that would hold it)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+
+class _EveryMinute:
+    """Counts events and says when one may be logged: the first, then at most one a minute."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self._last = -1e18
+        self._unlogged = 0
+        self._lock = threading.Lock()
+
+    def due(self) -> int:
+        """0 when not to log now, else how many events the line covers."""
+        now = time.monotonic()
+        with self._lock:
+            self._unlogged += 1
+            if now - self._last < self.interval_s:
+                return 0
+            n, self._unlogged, self._last = self._unlogged, 0, now
+            return n
+
+
+_closed_log = _EveryMinute()
+
+
+def log_client_closed(method: str, route: str, during: str) -> None:
+    """One line, no traceback: a client left before its answer was complete."""
+    n = _closed_log.due()
+    if not n:
+        return
+    more = f" ({n - 1} more since the last line)" if n > 1 else ""
+    with contextlib.suppress(Exception):
+        _log.warning(
+            "stagescope: the client of %s %s closed the connection %s; recorded as status %d (%s), not a "
+            "server error%s; logged at most once a minute",
+            method, route, during, STATUS_CODE_CLIENT_CLOSED, STATUS_CLASS_CLIENT_CLOSED, more,
+        )  # fmt: skip
