@@ -7,7 +7,8 @@ off a classic histogram without interpolation, so such an SLO file is rejected w
 Which histogram each SLI reads, and its labels (see :mod:`stagescope.instrumentation.metrics`):
 
 * ``e2e``: ``stagescope_request_duration_seconds`` [route, model, status_class], server arrival to
-  last byte;
+  last byte; requests whose client left before the answer was complete
+  (``status_class="client_closed"``) are neither good nor bad: the ratio leaves them out;
 * ``ttft``: ``gen_ai_server_time_to_first_token_seconds`` [model], server arrival to first token;
 * ``itl``: ``stagescope_inter_token_latency_seconds`` [model], one sample per gap between tokens.
 
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stagescope import names
-from stagescope.promql import Matcher, eq, le_matcher, rate, sel, sum_by
+from stagescope.promql import Matcher, eq, le_matcher, ne, rate, sel, sum_by
 from stagescope.slo import SLO
 
 __all__ = ["SLI_LABELS", "SliQuery", "check_threshold", "nearest_bounds", "sli_query"]
@@ -94,4 +95,6 @@ def sli_query(slo: SLO, bounds: Sequence[float] | None = None) -> SliQuery:
             matchers.append(eq(label, value))
         else:
             ignored.append(key)
+    if names.LABEL_STATUS_CLASS in labels:  # a client that went away waited for nothing we served
+        matchers.append(ne(names.LABEL_STATUS_CLASS, names.STATUS_CLASS_CLIENT_CLOSED))
     return SliQuery(names.SLI_HISTOGRAM[slo.sli], tuple(matchers), bound, tuple(ignored))

@@ -11,7 +11,11 @@ SLI samples (milliseconds):
   ``llm_request`` spans carry none) the per-request ``itl_p99_ms`` (else ``itl_mean_ms``) stands in,
   with a warning.
 
-Requests answered 429 (load shed) are not latency samples: they are counted and reported apart.
+Requests answered 429 (load shed) are not latency samples: they are counted and reported apart. Nor
+are requests whose client went away before the answer was complete (status 499,
+``names.STATUS_CODE_CLIENT_CLOSED``): their duration is how long the server took to notice, not a
+latency anyone waited for; they are counted and a warning says how many (many of them can mean clients
+giving up on a slow server).
 The overall quantile uses ``quantile_cont`` (linear interpolation), like numpy's default.
 """
 
@@ -29,6 +33,7 @@ from stagescope.names import (
     SLI_E2E,
     SLI_ITL,
     SLI_TTFT,
+    STATUS_CODE_CLIENT_CLOSED,
     TRITON_GPU_UTILIZATION,
 )
 from stagescope.slo import SLO, parse_duration_s
@@ -72,6 +77,7 @@ class SLIView:
     count: int
     shed: int
     warnings: list[str] = field(default_factory=list)
+    client_closed: int = 0
 
     @property
     def arrivals(self) -> str:
@@ -83,6 +89,8 @@ class SLIView:
 
 #: Requests answered 429 (load shed) are not latency samples.
 NOT_SHED = "coalesce(status_code, 0) <> 429"
+#: Nor are requests whose client went away before the answer was complete (status 499).
+NOT_CLOSED = f"coalesce(status_code, 0) <> {STATUS_CODE_CLIENT_CLOSED}"
 
 
 def scope_filter(slo: SLO) -> str:
@@ -97,9 +105,10 @@ def scope_filter(slo: SLO) -> str:
 
 def request_filter(slo: SLO) -> str:
     """SQL condition on ``requests``: the requests whose samples an SLO reads (:func:`scope_filter`
-    and not shed). A filter on requests, nothing more: weights and sampling apply after it."""
+    not shed, not closed by the client). A filter on requests, nothing more: weights and sampling apply after it."""
     scope = scope_filter(slo)
-    return NOT_SHED if scope == "true" else f"{NOT_SHED} AND {scope}"
+    kept = f"{NOT_SHED} AND {NOT_CLOSED}"
+    return kept if scope == "true" else f"{kept} AND {scope}"
 
 
 def network_expr(slo: SLO) -> str:
@@ -162,7 +171,17 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
             f"{shed} requests were shed (HTTP 429) and are not latency samples: the quantile leaves out the "
             "requests the service refused, so it reads better than its clients fared"
         )
-    return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings)
+    crow = con.execute(
+        f"SELECT count(*) FROM requests WHERE status_code = {STATUS_CODE_CLIENT_CLOSED} AND {scope_filter(slo)}"
+    ).fetchone()
+    closed = int(crow[0]) if crow else 0
+    if closed:
+        warnings.append(
+            f"{closed} requests were closed by their client before the answer was complete "
+            f"(status {STATUS_CODE_CLIENT_CLOSED}) and are not latency samples: if clients gave up on a slow "
+            "server, the quantile reads better than they fared"
+        )
+    return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings, closed)
 
 
 def neighbourhood_quantile(q: float) -> float:

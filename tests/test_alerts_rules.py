@@ -74,13 +74,13 @@ def test_promtool_check_rules() -> None:
 # ---------------------------------------------------------------------------------------------------
 # promtool rule unit tests
 # ---------------------------------------------------------------------------------------------------
-def _series(slo_name: str, good: str, total: str) -> list[dict[str, str]]:
+def _series(slo_name: str, good: str, total: str, status_class: str = "2xx") -> list[dict[str, str]]:
     """Input series for one SLO's histogram: the bucket at the threshold and the count."""
     slo = SLOS[slo_name]
     metric = names.SLI_HISTOGRAM[slo.sli]
     labels = {"job": slo.service or "", names.LABEL_MODEL: "m"}
     if slo.sli == names.SLI_E2E:
-        labels |= {names.LABEL_ROUTE: slo.route or "", names.LABEL_STATUS_CLASS: "2xx"}
+        labels |= {names.LABEL_ROUTE: slo.route or "", names.LABEL_STATUS_CLASS: status_class}
 
     def fmt(suffix: str, extra: dict[str, str]) -> str:
         body = ", ".join(f'{k}="{v}"' for k, v in (labels | extra).items())
@@ -201,6 +201,12 @@ CASES: dict[str, dict[str, Any]] = {
     "ITL SLO (p99 < 60 ms): 20% slow token gaps page": {
         "input_series": _series(ITL, "0+800x200", "0+1000x200"),
         "alert_rule_test": [{"eval_time": "10m", **_expect(ITL, PAGE, 0.2)}],
+    },
+    "clients that left before their answer (client_closed) are neither good nor bad": {
+        "input_series": _series(PREDICT, "0+99.5x200", "0+100x200")
+        + _series(PREDICT, "0+0x200", "0+50x200", names.STATUS_CLASS_CLIENT_CLOSED),  # all slow
+        "alert_rule_test": [{"eval_time": "1h", **_expect(PREDICT, a, None)} for a in (PAGE, TICKET)],
+        "promql_expr_test": [_ratio_sample(PREDICT, "5m", 0.005), _ratio_sample(PREDICT, "1h", 0.005)],
     },
     "no traffic fires nothing (0/0 is no data, not a breach)": {
         "input_series": _series(PREDICT, "0x300", "0x300"),
