@@ -17,7 +17,9 @@ OpenAI-compatible stream is read event by event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -274,6 +276,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        # asyncio sets TCP_NODELAY only on sockets it made with IPPROTO_TCP; say it for every one, so a
+        # request is never held back by Nagle's algorithm waiting for the server's delayed ACK
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def start(self, exchange: Exchange) -> None:
         assert self.transport is not None
