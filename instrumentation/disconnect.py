@@ -9,10 +9,17 @@ count) and no traceback, and the SLO's samples and error ratio leave it out.
 
 To see a client leave while the app is busy, :class:`ClientWatch` keeps one ``receive()`` pending
 once the request body is complete (after the app read its last chunk, or at once for a request
-without a body): the ASGI server answers it with ``http.disconnect`` when the connection drops (or when
-the response is done, which is then ignored). The app's own ``receive`` calls go through the watch, so
-the server never sees two ``receive()`` at a time and the app gets every message once, in order.
-A request that announces a body is not read ahead (no eager ``100 Continue``, no change to flow control).
+without a body) and the request has run :data:`WATCH_AFTER_S`: the ASGI server answers it with
+``http.disconnect`` when the connection drops (or when the response is done, which is then ignored).
+The app's own ``receive`` calls go through the watch, so the server never sees two ``receive()`` at a
+time and the app gets every message once, in order. A request that announces a body is not read ahead
+(no eager ``100 Continue``, no change to flow control).
+
+Why the delay: the pending ``receive()`` is an asyncio task, about 10 µs of event-loop time; a request
+answered within 50 ms costs a dict entry instead (one timer per event loop arms the watches of the
+requests in flight, oldest first). A client that left before then is still
+seen when the watch starts (the server answers at once) unless the whole answer was done first: a
+response under 50 ms to a client already gone is recorded as answered.
 """
 
 from __future__ import annotations
@@ -22,18 +29,22 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from stagescope.names import STATUS_CLASS_CLIENT_CLOSED, STATUS_CODE_CLIENT_CLOSED
 
-__all__ = ["ClientWatch", "is_disconnect_error", "log_client_closed", "may_watch_at_start"]
+__all__ = ["WATCH_AFTER_S", "ClientWatch", "is_disconnect_error", "log_client_closed", "may_watch_at_start"]
 
 _log = logging.getLogger(__name__)
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
+
+#: Seconds a request runs before a ``receive()`` is kept pending to notice its client leaving.
+WATCH_AFTER_S = 0.05
 
 _DISCONNECT_ERRORS = ("ClientDisconnect", "ClosedResourceError", "BrokenResourceError", "EndOfStream")
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
@@ -43,7 +54,11 @@ def may_watch_at_start(headers: Any) -> bool:
     """True when a request has no body to read (no ``content-length`` > 0, no ``transfer-encoding``,
     no ``expect``): its only message can be read ahead without changing what the server does."""
     for k, v in headers or ():
-        if k == b"transfer-encoding" or k == b"expect" or (k == b"content-length" and v.strip() not in (b"", b"0")):
+        if (
+            k == b"transfer-encoding"
+            or k == b"expect"
+            or (k == b"content-length" and v.strip() not in (b"", b"0"))
+        ):
             return False
     return True
 
@@ -56,21 +71,98 @@ def is_disconnect_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or type(exc).__name__ in _DISCONNECT_ERRORS
 
 
+class _Sweeper:
+    """Arms the watches of one event loop once their request has run WATCH_AFTER_S: one timer for all
+    requests in flight (oldest first), instead of a timer per request."""
+
+    __slots__ = ("_handle", "_loop", "_watches")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watches: dict[int, ClientWatch] = {}  # insertion order = start order
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, watch: ClientWatch) -> None:
+        self._watches[id(watch)] = watch
+        if self._handle is None:
+            self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
+
+    def discard(self, watch: ClientWatch) -> None:
+        self._watches.pop(id(watch), None)
+
+    def _tick(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        watches = self._watches
+        while watches:
+            key, watch = next(iter(watches.items()))
+            if watch.started + WATCH_AFTER_S > now:
+                self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
+                return
+            del watches[key]
+            try:
+                watch._arm()
+            except Exception:  # never let one request's watch break the others'
+                _log.debug("stagescope: arming a disconnect watch failed", exc_info=True)
+
+
+_sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = weakref.WeakKeyDictionary()
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Sweeper] | None = None  # the common case: one loop
+
+
+def _sweeper() -> _Sweeper | None:
+    global _last
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio): only what the app receives tells
+        return None
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
+    sweeper = _sweepers.get(loop)
+    if sweeper is None:
+        sweeper = _sweepers[loop] = _Sweeper(loop)
+    _last = (weakref.ref(loop), sweeper)
+    return sweeper
+
+
 class ClientWatch:
     """The app's ``receive`` for one request; ``closed`` turns True when the client left before
-    ``record.end_ns`` was set (see the module docstring)."""
+    ``record.end_ns`` was set (see the module docstring). ``body_done``: the request has no body to read."""
 
-    __slots__ = ("_held", "_receive", "_task", "_waiter", "closed", "record")
+    __slots__ = (
+        "_armed",
+        "_body_done",
+        "_held",
+        "_receive",
+        "_sweeper",
+        "_task",
+        "_waiter",
+        "closed",
+        "record",
+        "started",
+    )
 
-    def __init__(self, receive: Receive, record: Any) -> None:
+    def __init__(self, receive: Receive, record: Any, body_done: bool = False) -> None:
         self._receive = receive
         self.record = record
         self.closed = False
-        self._held: deque[Message] = deque()
+        self._held: deque[Message] | None = None  # messages the watch received for the app
         self._task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._body_done = body_done
+        self._armed = False
+        self._sweeper = sweeper = _sweeper()
+        if sweeper is not None:
+            self.started = sweeper._loop.time()
+            sweeper.add(self)
 
-    def start(self) -> None:
+    def _arm(self) -> None:
+        self._armed = True
+        if self._body_done:
+            self._start()
+
+    def _start(self) -> None:
         """Keep one ``receive()`` pending from now on (the body is complete, or there is none)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._watch())
@@ -84,6 +176,8 @@ class ClientWatch:
             except Exception:  # a server that raises once the connection is gone
                 msg = dict(_DISCONNECT)
             self._note(msg)
+            if self._held is None:
+                self._held = deque()
             self._held.append(msg)
             waiter = self._waiter
             if waiter is not None and not waiter.done():
@@ -103,17 +197,23 @@ class ClientWatch:
                 msg = await self._receive()
                 self._note(msg)
                 if msg.get("type") == "http.request" and not msg.get("more_body", False):
-                    self.start()
+                    self._body_done = True
+                    if self._armed:
+                        self._start()
                 return msg
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await waiter
             finally:
                 self._waiter = None
+        assert self._held is not None
         return self._held.popleft()
 
     def stop(self) -> None:
-        """The request is over: drop a ``receive()`` still pending (servers that would hold it)."""
+        """The request is over: leave the sweeper, drop a ``receive()`` still pending (servers that would
+        hold it)."""
+        if self._sweeper is not None:
+            self._sweeper.discard(self)
         task = self._task
         if task is not None and not task.done():
             task.cancel()

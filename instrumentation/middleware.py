@@ -170,9 +170,7 @@ class StagescopeMiddleware:
             return
         try:
             rec = self._open(scope)
-            watch = ClientWatch(receive, rec)
-            if may_watch_at_start(scope.get("headers")):
-                watch.start()
+            watch = ClientWatch(receive, rec, body_done=may_watch_at_start(scope.get("headers")))
         except Exception:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
