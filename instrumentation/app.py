@@ -158,11 +158,13 @@ class Instrumentation:
         if dropped:
             _log.warning(
                 "stagescope: %d spans could not be exported within the shutdown timeout (%g s, %s); "
-                "counted in %s{reason=%r}",
+                'counted in %s{reason="%s"}',
                 dropped, timeout, ENV_SHUTDOWN_TIMEOUT_S, METRIC_SPANS_DROPPED, DROP_SHUTDOWN,
             )  # fmt: skip
         elif not flushed:
-            _log.warning("stagescope: the tracer provider did not flush within the shutdown timeout (%g s)", timeout)
+            _log.warning(
+                "stagescope: the tracer provider did not flush within the shutdown timeout (%g s)", timeout
+            )
         return dropped
 
     def shutdown(self) -> None:

@@ -244,7 +244,7 @@ class OtlpHttpClient:
             detail = "timed out" if isinstance(exc, TimeoutError | socket.timeout) else (
                 os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else (str(exc) or type(exc).__name__)
             )  # fmt: skip
-            return SendOutcome(ok=False, retryable=True, detail=f"{self.config.url}: {detail}")
+            return SendOutcome(ok=False, retryable=True, detail=detail)
         status = resp.status
         if resp.will_close:
             self.close()
@@ -254,7 +254,7 @@ class OtlpHttpClient:
         wait = parse_retry_after(resp.getheader("Retry-After")) if retryable else None
         return SendOutcome(
             ok=False, retryable=retryable, retry_after_s=wait, status=status,
-            detail=f"{self.config.url}: HTTP {status} {resp.reason}".rstrip(),
+            detail=f"HTTP {status} {resp.reason}".rstrip(),
         )  # fmt: skip
 
     def abort(self) -> None:
