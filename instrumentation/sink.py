@@ -90,7 +90,7 @@ class SpanFile:
         pid = os.getpid()
         if self.fd is None or self.pid != pid or self.size + len(line) > self.max_bytes:
             self._open_next(pid)
-        elif os.fstat(self.fd).st_nlink == 0:  # deleted (file or whole directory) under us: recreate
+        elif self._deleted():  # deleted (file or whole directory) under us: recreate
             _log.warning("stagescope: span file %s was deleted; continuing in a new file", self.path)
             self.reopened += 1
             self._open_next(pid)
@@ -109,6 +109,13 @@ class SpanFile:
                 self._truncate_back()
             raise
         self.size += written
+
+    def _deleted(self) -> bool:
+        try:
+            assert self.fd is not None
+            return os.fstat(self.fd).st_nlink == 0
+        except OSError:  # the descriptor itself is gone bad: start a new file
+            return True
 
     def _truncate_back(self) -> None:
         """Cut a half-written line off (ftruncate needs no free space); else give the file up."""
