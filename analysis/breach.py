@@ -104,8 +104,9 @@ def scope_filter(slo: SLO) -> str:
 
 
 def request_filter(slo: SLO) -> str:
-    """SQL condition on ``requests``: the requests whose samples an SLO reads (:func:`scope_filter`
-    not shed, not closed by the client). A filter on requests, nothing more: weights and sampling apply after it."""
+    """SQL condition on ``requests``: the requests whose samples an SLO reads (:func:`scope_filter`,
+    not shed, not closed by the client). A filter on requests, nothing more: weights and sampling
+    apply after it."""
     scope = scope_filter(slo)
     kept = f"{NOT_SHED} AND {NOT_CLOSED}"
     return kept if scope == "true" else f"{kept} AND {scope}"

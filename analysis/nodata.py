@@ -6,7 +6,8 @@ what was read and at which step the samples ran out, the way a reader would chec
 1. the inputs: an empty folder, a folder without trace files, files without spans;
 2. the request spans: spans were read but none is a request (a SERVER span, or a root span);
 3. the route and model the SLO is about: not in the data (the routes or models that are);
-4. shed requests: every request of the route was answered 429 (not a latency sample);
+4. shed or abandoned requests: every request of the route was answered 429, or closed by its client
+   before the answer was complete (499): neither is a latency sample;
 5. the SLI's attribute: requests exist, none carries what the SLI reads (a TTFT, token gaps).
 
 Only called for an SLO without samples, so its few queries are off the verdict's path.
@@ -193,10 +194,12 @@ def no_data_reason(
         )
     n_kept = _count(con, f"SELECT count(*) FROM requests WHERE {request_filter(slo)}")
     if n_kept == 0:
-        return (
-            f"all {_plural(n_scope, 'request')}{where} were shed (HTTP 429), and shed requests are not latency "
-            f"samples{tail}"
-        )
+        n_shed = _count(con, f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}")
+        n_closed = n_scope - n_shed
+        shed = "shed (HTTP 429)"
+        closed = f"closed by their client before the answer was complete (status {N.STATUS_CODE_CLIENT_CLOSED})"
+        how = shed if not n_closed else closed if not n_shed else f"{shed}: {n_shed}, or {closed}: {n_closed}"
+        return f"all {_plural(n_scope, 'request')}{where} were {how}, and those are not latency samples{tail}"
     others = ""
     if slo.route is not None and slo.sli != N.SLI_E2E:
         with_it = con.execute(
