@@ -39,6 +39,7 @@ from stagescope.service.llm import EngineFull, LLMEngine
 from stagescope.service.model import ModelManager, ResultCache, hash_fraction, preprocess
 from stagescope.service.schemas import BadRequest, GenerateRequest, PredictRequest, parse_body, read_body
 from stagescope.service.settings import Settings
+from stagescope.service.variants import VariantCollector, VariantSource
 
 __all__ = ["Service", "create_app"]
 
@@ -234,6 +235,8 @@ def create_app(
     app.state.instrumentation = handle
     if s.backend == "simulated":
         registry.register(SimulatedGpuCollector(svc.accel))
+    if isinstance(svc.backend, VariantSource):  # what the model-changing levers would do, measured
+        registry.register(VariantCollector(svc.backend))
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:

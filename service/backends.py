@@ -10,6 +10,8 @@
   thread, so the time is genuinely spent multiplying matrices.
 * ``torch``: the same MLP with PyTorch, on CUDA when available; GPU time is measured with CUDA events.
   Only importable where torch is installed; never required.
+* ``onnx``: a real trained classifier on ONNX Runtime, with real INT8 and graph optimization levers
+  (:mod:`stagescope.service.onnx_backend`; needs the ``onnx`` extra).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from prometheus_client.registry import Collector
 from stagescope import names as N
 from stagescope.errors import UserError
 from stagescope.service.settings import Settings
+from stagescope.service.variants import VariantReport
 
 __all__ = [
     "Backend",
@@ -225,14 +228,26 @@ class SimulatedBackend:
         rng = np.random.default_rng(settings.seed)
         self._w = rng.normal(0, 0.3, (settings.feature_dim * 2, 8)).astype(np.float32)
 
-    def service_time_s(self, units: int) -> float:
-        """Device seconds of one batch holding ``units`` work units in total."""
+    def service_time_s(self, units: int, quantize: bool | None = None) -> float:
+        """Device seconds of one batch holding ``units`` work units in total (``quantize``: as with
+        that setting; default the backend's own)."""
         s = self.settings
-        scale = 0.5 if s.quantize else 1.0
+        scale = 0.5 if (s.quantize if quantize is None else quantize) else 1.0
         return (s.launch_ms + s.per_item_ms * scale * units) / 1000.0
 
     async def load(self) -> None:
         await asyncio.sleep(self.settings.model_load_s)
+
+    def variant_report(self) -> VariantReport:
+        """The batch device times of its SIMULATED latency model (computed, not measured) as served and with
+        ``quantize``; no accuracy (there is no model to evaluate)."""
+        s = self.settings
+        rows = sorted({1, 16, s.items_per_request, s.heavy_items if s.heavy_share > 0 else 1})
+        rep = VariantReport(model=s.model_name, how="SIMULATED accelerator: its stated latency model, not a measurement")
+        rep.batch_seconds["serving"] = {r: self.service_time_s(r) for r in rows}
+        if not s.quantize:
+            rep.batch_seconds[N.LEVER_QUANTIZE] = {r: self.service_time_s(r, quantize=True) for r in rows}
+        return rep
 
     async def run_batch(self, items: list[PredictItem]) -> list[np.ndarray]:
         await self.accel.run(self.service_time_s(sum(it.units for it in items)))
@@ -366,4 +381,8 @@ def make_backend(settings: Settings, accel: SimulatedAccelerator | None = None) 
         return SimulatedBackend(settings, accel)
     if settings.backend == "numpy":
         return NumpyBackend(settings)
+    if settings.backend == "onnx":
+        from stagescope.service.onnx_backend import OnnxBackend
+
+        return OnnxBackend(settings)
     return TorchBackend(settings)

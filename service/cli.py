@@ -26,8 +26,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--scenario", default="healthy", help="scenario name (default: healthy; see --list-scenarios)")
     p.add_argument("--apply-lever", action="store_true", help="apply the scenario's lever (its setting change)")
-    p.add_argument("--backend", choices=("simulated", "numpy", "torch"), default=None,
-                   help="model backend: simulated accelerator (default), numpy (real CPU compute) or torch")
+    p.add_argument("--backend", choices=("simulated", "numpy", "torch", "onnx"), default=None,
+                   help="model backend: simulated accelerator (default), numpy (real CPU compute), torch, or onnx "
+                        "(a real digits classifier on ONNX Runtime with its own scenarios; the onnx extra)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--spans-out", metavar="DIR", default=None,
@@ -75,11 +76,13 @@ def _bind(host: str, port: int) -> Any:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from stagescope.service.scenarios import SCENARIOS, settings_for
+    from stagescope.service.engines import engine_for_backend, get_engine
+    from stagescope.service.scenarios import settings_for
     from stagescope.service.settings import parse_assignments
 
+    engine = engine_for_backend(args.backend or "simulated")
     if args.list_scenarios:
-        for sc in SCENARIOS.values():
+        for sc in engine.scenarios.values():
             print(f"{sc.name:22} {sc.route:13} {sc.rate_rps:5.0f}/s  {sc.slo_spec:15} "
                   f"{sc.true_stage or '-':14} {sc.lever or '-':22} {sc.description}")  # fmt: skip
         return 0
@@ -88,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["backend"] = args.backend
     if args.feature_store is not None:
         overrides["feature_store"] = args.feature_store
-    settings = settings_for(args.scenario, apply_lever=args.apply_lever, overrides=overrides)
+    engine.get_scenario(args.scenario)  # an unknown name is one line naming the engine's scenarios
+    settings = settings_for(args.scenario, apply_lever=args.apply_lever, overrides=overrides, scenarios=engine.scenarios)
+    if settings.backend == "onnx":  # one line naming the missing packages, before anything starts
+        get_engine("onnx").check_available()
     if args.list_settings:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     host, port = sock.getsockname()[:2]
     lever = " with its lever applied" if args.apply_lever else ""
-    accel = " (SIMULATED accelerator)" if settings.backend == "simulated" else ""
+    accel = {"simulated": " (SIMULATED accelerator)", "onnx": " (ONNX Runtime, real model)"}.get(settings.backend, "")
     print(
         f"stagescope serve: scenario {args.scenario}{lever}, backend {settings.backend}{accel}, "
         f"listening on http://{host}:{port}",

@@ -39,6 +39,7 @@ Why each one breaches, in terms of the stated latency model (:mod:`stagescope.se
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -107,11 +108,13 @@ class Scenario:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     lever_overrides: Mapping[str, Any] = field(default_factory=dict)
     workload: Workload = field(default_factory=Workload)
+    #: accuracy (points) the lever may cost on the model's eval set; the SLO's quality_budget
+    quality_budget: float | None = None
 
     @property
     def slo(self) -> SLO:
         (slo,) = parse_slo(self.slo_spec)
-        return slo
+        return slo if self.quality_budget is None else dataclasses.replace(slo, quality_budget=self.quality_budget)
 
     @property
     def breach(self) -> bool:
@@ -129,6 +132,7 @@ class Scenario:
             "overrides": dict(self.overrides),
             "lever_overrides": dict(self.lever_overrides),
             "workload": self.workload.__dict__.copy(),
+            "quality_budget": self.quality_budget,
         }
 
 
@@ -219,20 +223,28 @@ def scenario_names() -> list[str]:
     return list(SCENARIOS)
 
 
-def get_scenario(name: str) -> Scenario:
-    """The scenario called ``name``; an unknown name is a UserError listing the known ones."""
+def get_scenario(name: str, scenarios: Mapping[str, Scenario] | None = None) -> Scenario:
+    """The scenario called ``name`` in ``scenarios`` (default: the simulated engine's table); an unknown
+    name is a UserError listing the known ones."""
+    table = SCENARIOS if scenarios is None else scenarios
     try:
-        return SCENARIOS[name]
+        return table[name]
     except KeyError:
-        raise UserError(f"unknown scenario {name!r}; known scenarios: {', '.join(SCENARIOS)}") from None
+        raise UserError(f"unknown scenario {name!r}; known scenarios: {', '.join(table)}") from None
 
 
 def settings_for(
-    name: str, *, apply_lever: bool = False, base: Settings | None = None, overrides: Mapping[str, Any] | None = None
+    name: str,
+    *,
+    apply_lever: bool = False,
+    base: Settings | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    scenarios: Mapping[str, Scenario] | None = None,
 ) -> Settings:
-    """Settings of scenario ``name`` (on ``base``), with its lever's setting change when ``apply_lever``,
-    then ``overrides`` (from ``--set``) last."""
-    sc = get_scenario(name)
+    """Settings of scenario ``name`` of ``scenarios`` (default: the simulated engine's table; see
+    :mod:`stagescope.service.engines`) on ``base``, with its lever's setting change when
+    ``apply_lever``, then ``overrides`` (from ``--set``) last."""
+    sc = get_scenario(name, scenarios)
     if apply_lever and sc.lever is None:
         raise UserError(f"scenario {name!r} has no lever to apply (it does not breach its SLO)")
     s = apply_overrides(base or Settings(), sc.overrides)

@@ -27,9 +27,11 @@ from typing import Any
 
 from stagescope.errors import UserError
 
-__all__ = ["BACKENDS", "Settings", "apply_overrides", "parse_assignments"]
+__all__ = ["BACKENDS", "ORT_OPTIMIZATION_LEVELS", "Settings", "apply_overrides", "parse_assignments"]
 
-BACKENDS = ("simulated", "numpy", "torch")
+BACKENDS = ("simulated", "numpy", "torch", "onnx")
+#: ``ort_optimization`` values (ONNX Runtime graph optimization levels, see service.onnx_backend).
+ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Settings:
     service_name: str = "stagescope-reference-service"
     model_name: str = "ranker-sim"
     llm_model_name: str = "llm-sim"
-    backend: str = "simulated"  # simulated | numpy | torch
+    backend: str = "simulated"  # simulated | numpy | torch | onnx
     seed: int = 0
 
     # feature store: in-process (simulated latency) or Redis (real round trip + injected latency)
@@ -74,6 +76,8 @@ class Settings:
     result_cache: bool = False  # cache results by input hash
     result_cache_size: int = 4096
     model_dim: int = 256  # numpy/torch backends: hidden width of the real model
+    onnx_threads: int = 1  # onnx backend: intra_op_num_threads of the session (cores one batch may use)
+    ort_optimization: str = "all"  # onnx backend: graph optimization level (ORT's default); compile-runtime
 
     # model lifecycle
     model_load_s: float = 0.3  # time one model load takes
@@ -105,10 +109,15 @@ class Settings:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
+        if self.ort_optimization not in ORT_OPTIMIZATION_LEVELS:
+            raise UserError(
+                f"setting ort_optimization must be one of {', '.join(ORT_OPTIMIZATION_LEVELS)}, "
+                f"got {self.ort_optimization!r}"
+            )
         for name in ("max_batch_size", "executors", "devices", "max_queue", "max_running", "max_waiting",
                      "preprocess_workers", "num_entities", "feature_dim", "items_per_request",
                      "heavy_items", "prefill_chunk_tokens", "max_body_bytes", "response_dim",
-                     "large_response_dim", "result_cache_size", "model_dim"):  # fmt: skip
+                     "large_response_dim", "result_cache_size", "model_dim", "onnx_threads"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise UserError(f"setting {name} must be >= 1, got {getattr(self, name)}")
         for name in ("feature_slow_prob", "heavy_share", "large_response_share"):

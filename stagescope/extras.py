@@ -23,6 +23,8 @@ gpu        nvidia-ml-py (NVML)                                   ``stagescope gp
 demo       serve + loadgen + analysis + dashboards + httpx       ``stagescope demo``
 notebooks  analysis + jupytext, nbclient, nbformat, ipykernel    executing the incident notebook
 lab        notebooks + jupyterlab                                ``make lab``
+onnx       onnxruntime, onnx, scikit-learn, threadpoolctl,       ``demo --engine onnx``,
+           numpy: the onnx engine's model, trained here          ``serve --backend onnx``
 all        every extra above                                     everything
 ========== ==================================================== ====================================
 
@@ -53,6 +55,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("httpx",),
     "notebooks": ("jupytext", "nbclient", "nbformat", "ipykernel"),
     "lab": ("jupyterlab",),
+    "onnx": ("onnxruntime", "onnx", "scikit-learn", "threadpoolctl", "numpy"),
     "all": (),
 }
 #: The extras an extra includes (``serve = ["stagescope[service]", ...]`` in ``pyproject.toml``).
@@ -62,12 +65,13 @@ INCLUDES: dict[str, tuple[str, ...]] = {
     "notebooks": ("analysis",),
     "lab": ("notebooks",),
     "all": ("service", "otel-fastapi", "serve", "redis", "loadgen", "analysis", "dashboards", "gpu", "demo",
-            "notebooks"),
+            "notebooks", "onnx"),
 }  # fmt: skip
 #: Import names that differ from the distribution's name (``-`` -> ``_`` is applied to the rest).
 IMPORT_NAMES: dict[str, str] = {
     "nvidia-ml-py": "pynvml",
     "opentelemetry-instrumentation-fastapi": "opentelemetry.instrumentation.fastapi",
+    "scikit-learn": "sklearn",
 }
 #: The extra each ``stagescope`` command needs (commands not listed need the core only).
 COMMAND_EXTRAS: dict[str, str] = {

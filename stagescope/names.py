@@ -127,6 +127,11 @@ METRIC_REQUESTS_SHED: Final = "stagescope_requests_shed_total"  # counter: route
 METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; model (re)loads
 METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
 METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
+# What a model-changing lever would do, measured by the service when it loads (service/variants.py):
+# labels model, variant (VARIANT_SERVING or the lever's name) and, for batch times, rows.
+METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
+METRIC_MODEL_EVAL_SAMPLES: Final = "stagescope_model_eval_samples"  # gauge: size of the held-out eval set
+METRIC_MODEL_VARIANT_BATCH: Final = "stagescope_model_variant_batch_seconds"  # gauge: median s per batch (CPU s on CPU engines)
 
 # OpenTelemetry GenAI semantic conventions, as Prometheus renders them (dots to underscores + unit).
 METRIC_GENAI_TTFT: Final = "gen_ai_server_time_to_first_token_seconds"  # arrival to first token
@@ -229,6 +234,9 @@ LABEL_STAGE: Final = "stage"
 LABEL_EXPORTER: Final = "exporter"
 LABEL_REASON: Final = "reason"
 LABEL_GPU: Final = "gpu"
+LABEL_VARIANT: Final = "variant"  # model variant: VARIANT_SERVING or the lever that would serve it
+LABEL_ROWS: Final = "rows"  # rows (work units) in a micro-benchmark batch
+VARIANT_SERVING: Final = "serving"  # the model as it is served now
 OTHER_MODEL: Final = "other"  # folded value for models outside the configured set
 UNMATCHED_ROUTE: Final = "unmatched"  # route label for paths that match no route template
 

@@ -6,7 +6,10 @@ Two ways to state an SLO:
   (the SLI defaults to ``e2e``; thresholds in ``ms`` or ``s``);
 * a YAML file with a list ``slos:`` whose items have ``name``, ``service`` (the Prometheus scrape
   job), ``sli`` (``e2e``, ``ttft`` or ``itl``), optional ``route`` and ``model``, ``threshold_ms``,
-  ``objective`` (for example 0.99, read by the analysis as the p99) and ``window`` (default ``30d``).
+  ``objective`` (for example 0.99, read by the analysis as the p99), ``window`` (default ``30d``) and
+  optional ``quality_budget``: the points of accuracy (on the model's eval set, as the service exports
+  it) that a lever changing the model may cost, for example 0.5; a lever that costs more is marked
+  not acceptable and the next lever is recommended.
 
 SLI definitions (server side): ``e2e`` is request arrival to last byte written; ``ttft`` is request
 arrival to first token written; ``itl`` is the gap between two consecutive tokens of one stream, one
@@ -54,6 +57,8 @@ class SLO:
     route: str | None = None
     model: str | None = None
     window: str = "30d"
+    #: accuracy points (0-100 scale) a model-changing lever may cost; None: no quality gate
+    quality_budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
@@ -63,6 +68,9 @@ class SLO:
         if self.threshold_ms <= 0:
             raise ValueError(f"threshold_ms must be positive, got {self.threshold_ms}")
         parse_duration_s(self.window)
+        qb = self.quality_budget
+        if qb is not None and (isinstance(qb, bool) or not isinstance(qb, int | float) or not 0.0 <= qb <= 100.0):
+            raise ValueError(f"quality_budget must be a number of accuracy points in [0, 100], got {qb!r}")
 
     @property
     def quantile(self) -> float:
@@ -97,6 +105,7 @@ class SLO:
             "model": self.model,
             "window": self.window,
             "spec": self.spec,
+            "quality_budget": self.quality_budget,
         }
 
 
@@ -146,7 +155,8 @@ def load_slo_file(path: str | Path) -> list[SLO]:
         raise UserError(f"{p}{where}: not valid YAML") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("slos"), list) or not doc["slos"]:
         raise UserError(f"{p}: expected a mapping with a non-empty list 'slos:'")
-    known = {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description"}
+    known = {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
+             "quality_budget"}  # fmt: skip
     out: list[SLO] = []
     names: set[str] = set()
     for i, item in enumerate(doc["slos"]):
@@ -169,6 +179,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
                 threshold_ms=float(item["threshold_ms"]),
                 objective=float(item["objective"]),
                 window=str(item.get("window", "30d")),
+                quality_budget=item.get("quality_budget"),
             )
         except (TypeError, ValueError) as exc:
             raise UserError(f"{where} ({item.get('name')}): {exc}") from None
