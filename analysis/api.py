@@ -269,7 +269,9 @@ def _analyze_one(
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
-    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess")}
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model")}
+    if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
+        report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
     if breached:
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
@@ -349,6 +351,11 @@ def _levers(
     for r in attr.rows:
         if r["share"] < MIN_LEVER_SHARE:
             continue
+        for bad, bad_why in L.rejected(r["stage"], ev):  # failed the quality gate: listed, never chosen
+            pred, model = C.lever_prediction(con, view, attr, ev, bad, r["stage"])
+            out.append({"lever": bad, "stage": r["stage"], "predicted_p99_ms": pred,
+                        "rationale": f"{bad_why} Predicted: {model}.", "acceptable": False,
+                        "quality": L.quality(ev, bad)})  # fmt: skip
         chosen = L.choose(r["stage"], ev)
         if chosen is None:
             continue
@@ -357,14 +364,10 @@ def _levers(
             out.append({"lever": None, "stage": r["stage"], "predicted_p99_ms": None, "rationale": why})
             continue
         pred, model = C.lever_prediction(con, view, attr, ev, lever, r["stage"])
-        out.append(
-            {
-                "lever": lever,
-                "stage": r["stage"],
-                "predicted_p99_ms": pred,
-                "rationale": f"{why} Predicted: {model}.",
-            }
-        )
+        entry: dict[str, Any] = {"lever": lever, "stage": r["stage"], "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
+        if (q := L.quality(ev, lever)) is not None:
+            entry.update(acceptable=True, quality=q)
+        out.append(entry)
     return out
 
 
@@ -373,7 +376,7 @@ def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any
     if shares.get(UNATTRIBUTED, 0.0) > UNATTRIBUTED_VERDICT_SHARE:
         return {"stage": UNATTRIBUTED, "lever": None}
     for lv in levers:
-        if lv["lever"] is not None:
+        if lv["lever"] is not None and lv.get("acceptable") is not False:
             return {"stage": lv["stage"], "lever": lv["lever"]}
     return None
 

@@ -25,10 +25,14 @@ Model (stated, with its limits):
     are served like the others: the quantile of the unaffected requests;
   - ``cap-batch-wait``: batch wait capped at the recommended maximum (see :func:`batch_wait_cap_ms`);
     batches shrink to ``1 + rate * cap`` items and compute by the fitted ms per batch item;
-  - ``quantize`` (int8) and ``compile-runtime``: compute time scaled by 0.5 and 0.7 (typical
-    speed-ups; the real factor depends on the model), and queue time scaled by the change in
-    ``rho / (1 - rho)`` of an M/M/1 queue whose utilization ``rho`` drops by the same factor
-    (``rho`` from the accelerator utilization, else 0.5);
+  - ``quantize`` (int8) and ``compile-runtime``: compute time scaled by the ratio of the batch times
+    the service measured for the lever's variant and for the model as served (exported metrics, see
+    :mod:`~stagescope.analysis.quality`; at the measured batch size nearest the tail's compute), and
+    each request's queue time replaced by the wait of the executors' G/G/c queue (as for
+    ``scale-out``) with the executor time per request scaled by the compute-weighted ratio (where the
+    trace has no compute spans to fit that on: queue time scaled by the change in
+    ``rho / (1 - rho)`` of an M/M/1 queue, ``rho`` from the accelerator utilization, else 0.5). Without
+    that measurement there is no effect model: no prediction, "measure after applying";
   - ``cache-results``: requests whose input hash was already seen (every repeat after the first)
     skip batch wait, queue and compute; the others are unchanged;
   - ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
@@ -51,13 +55,14 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.keys import input_ref, trace_ref
 
 __all__ = [
-    "LEVER_SPEEDUP",
+    "MODEL_LEVERS",
     "batch_wait_cap_ms",
     "lever_prediction",
     "stage_counterfactuals",
@@ -66,8 +71,8 @@ __all__ = [
     "weighted_slope",
 ]
 
-#: Assumed compute speed-up factor of per-request-cost levers (new time = factor * old time).
-LEVER_SPEEDUP: dict[str, float] = {N.LEVER_QUANTIZE: 0.5, N.LEVER_COMPILE_RUNTIME: 0.7}
+#: Levers that swap the model for a faster variant: their compute factor is the service's measurement.
+MODEL_LEVERS: frozenset[str] = frozenset({N.LEVER_QUANTIZE, N.LEVER_COMPILE_RUNTIME})
 #: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
 CHUNK_TOKENS = 256
 _CAP_TO_BASELINE: dict[str, str] = {
@@ -379,16 +384,46 @@ def lever_prediction(
         return _prewarm(con, attr, col, q)
     if lever == N.LEVER_CAP_BATCH_WAIT and col is not None:
         return _cap_batch_wait(con, view, attr, ev, col)
-    if lever in LEVER_SPEEDUP:
-        f = LEVER_SPEEDUP[lever]
+    if lever in MODEL_LEVERS:
+        curve = QL.speed_curve(ev.get("model") or {}, lever)
+        if not curve:
+            return None, (
+                f"no effect model: the service exported no measured batch time for {lever} "
+                f"({N.METRIC_MODEL_VARIANT_BATCH}); measure after applying"
+            )
         comp = _col(attr, N.STAGE_COMPUTE) or "0"
         queue = _col(attr, N.STAGE_QUEUE) or "0"
+        ratio = QL.ratio_sql(curve, f"coalesce({comp}, 0)")
+        new_compute = f"value_ms - {comp} * (1 - {ratio})"
+        m = executor_model(con, view, attr) if _col(attr, N.STAGE_QUEUE) is not None else None
+        if m is not None:
+            # the executors as a G/G/c queue (as for scale-out) whose service time shrinks by the
+            # compute-weighted measured ratio; each request's queue time becomes that queue's wait
+            row = con.execute(
+                f"SELECT sum(coalesce({comp}, 0) * {ratio}) / nullif(sum(coalesce({comp}, 0)), 0) FROM {BREAKDOWN}"
+            ).fetchone()
+            fw = float(row[0]) if row and row[0] is not None else QL.nearest_ratio(curve, None)[0]
+            c = int(m["executors"])
+            model = Q.QueueModel(c, 1000.0 / (m["service_ms"] * fw), m["lam_per_s"], m["ca2"], m["cs2"])
+            if model.utilization < 0.999:
+                wait = model.wait_ms_sql(Q.uniform_rank_sql("trace_ref"))
+                return (
+                    _q(con, BREAKDOWN, f"{new_compute} - {queue} + {wait}", q, attr),
+                    f"{QL.describe_curve(curve, lever)}; queue: the wait of a G/G/{c} queue (Allen-Cunneen) at "
+                    f"{m['lam_per_s']:.1f} req/s with the executor time per request {m['service_ms']:.1f} -> "
+                    f"{m['service_ms'] * fw:.1f} ms (utilization {model.utilization:.0%}, {model.p_wait:.1%} of "
+                    "requests wait)",
+                )
+        # no executor model (no compute spans to fit it on): M/M/1 relief at the measured utilization
+        tail_compute = (ev.get("stage_quantiles", {}).get(N.STAGE_COMPUTE) or {}).get("tail_q_ms")
+        f, rows = QL.nearest_ratio(curve, tail_compute)
         rho = _rho(ev)
         rho2 = rho * f
         qf = (rho2 / (1 - rho2)) / (rho / (1 - rho))
         return (
-            _q(con, BREAKDOWN, f"value_ms - {comp} * {1 - f!r} - {queue} * {1 - qf!r}", q, attr),
-            f"compute x{f:g}; queue x{qf:.2f} (M/M/1 at utilization {rho:.0%} -> {rho2:.0%})",
+            _q(con, BREAKDOWN, f"{new_compute} - {queue} * {1 - qf!r}", q, attr),
+            f"{QL.describe_curve(curve, lever)}; queue x{qf:.2f} (M/M/1 at utilization {rho:.0%} -> {rho2:.0%}, "
+            f"scaled by the ratio at {rows} rows)",
         )
     if lever == N.LEVER_CACHE_RESULTS:
         saved = (

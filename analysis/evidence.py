@@ -19,7 +19,10 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
   its request's batch size (for streams the running decode batch): how much each extra item in the
   batch adds, and how well batch size explains the samples;
 * ``stage_quantiles``: per stage, baseline p50 and the SLO quantile of that stage among baseline
-  requests (ms), the reference for "behaved like its baseline".
+  requests (ms), the reference for "behaved like its baseline";
+* ``model`` (when the service exported them, see :mod:`~stagescope.analysis.quality`): the served
+  model's and its lever variants' eval-set accuracy and measured batch times;
+  ``quality_budget_points``: the SLO's accuracy budget for model-changing levers.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import duckdb
 
+from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
 from stagescope.analysis.keys import input_ref
@@ -125,6 +129,10 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     for k in BATCH_FIT:  # fitted by attribution in its pass over the samples
         ev[k] = _f(attr.facts.get(k))
     ev["stage_quantiles"] = _stage_quantiles(con, view, attr)
+    facts = QL.model_facts(con)
+    if facts:
+        ev["model"] = facts
+    ev["quality_budget_points"] = view.slo.quality_budget
     return ev
 
 

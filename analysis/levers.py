@@ -5,7 +5,10 @@ Order of practice: measure first (time in no stage -> add stage spans, no lever)
 per-request cost (cache, quantize, compile, batch settings), and scale out only when the queue, not
 per-request cost, owns the tail. Low accelerator utilization with a slow CPU stage points to the
 pipeline, not the model. Rules are tried top to bottom; the first whose stage matches and whose
-condition holds gives the lever.
+condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
+must also pass the quality gate: when the service exported the accuracy its variant measured on the
+model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
+budget is not acceptable (:func:`rejected` lists it) and the next rule gives the lever.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagescope import names as N
+from stagescope.analysis import quality as QL
 
-__all__ = ["RULES", "Rule", "choose"]
+__all__ = ["RULES", "Rule", "choose", "quality", "rejected"]
 
 Evidence = dict[str, Any]
 
@@ -93,14 +97,52 @@ def _stage_line(ev: Evidence, stage: str) -> str:
     return txt
 
 
+def quality(ev: Evidence, lever: str | None) -> dict[str, Any] | None:
+    """The quality gate of ``lever`` on this evidence (see analysis.quality.gate), or None."""
+    if lever is None:
+        return None
+    return QL.gate(ev.get("model") or {}, lever, ev.get("quality_budget_points"))
+
+
+def _quality_line(ev: Evidence, lever: str) -> str:
+    q = quality(ev, lever)
+    if q is None:
+        return (
+            f" Accuracy: the service exported no eval-set accuracy for {lever}: validate it on your eval set "
+            "before serving it."
+        )
+    budget = "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
+    return (
+        f" Accuracy on the model's eval set ({q['eval_samples'] or 'n/a'} samples): {q['accuracy_before']:.2%} as "
+        f"served, {q['accuracy_after']:.2%} with {lever} ({q['drop_points']:.2f} points lost; {budget})."
+    )
+
+
+def _not_acceptable(ev: Evidence, lever: str) -> str:
+    q = quality(ev, lever)
+    assert q is not None
+    return (
+        f"not acceptable: {lever} costs {q['drop_points']:.2f} points of accuracy on the model's eval set "
+        f"({q['eval_samples'] or 'n/a'} samples: {q['accuracy_before']:.2%} -> {q['accuracy_after']:.2%}), more "
+        f"than the SLO's quality budget of {q['budget_points']:g} points; the next lever is recommended instead."
+    )
+
+
 @dataclass(frozen=True)
 class Rule:
-    """``stage`` + ``when(evidence)`` -> ``lever``; ``why(evidence)`` is the rationale."""
+    """``stage`` + ``when(evidence)`` -> ``lever``; ``why(evidence)`` is the rationale. ``gated``: the
+    lever changes the model, so it must also pass the quality gate."""
 
     stage: str
     lever: str | None
     when: Callable[[Evidence], bool]
     why: Callable[[Evidence], str]
+    gated: bool = False
+
+    def acceptable(self, ev: Evidence) -> bool:
+        """False only when the gate applies and the measured accuracy drop exceeds the budget."""
+        q = quality(ev, self.lever) if self.gated else None
+        return q is None or q["acceptable"] is not False
 
 
 def _always(ev: Evidence) -> bool:
@@ -132,7 +174,8 @@ RULES: tuple[Rule, ...] = (
     Rule(N.STAGE_QUEUE, N.LEVER_QUANTIZE, lambda ev: _share(ev, N.STAGE_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE,
          lambda ev: (
         f"{_stage_line(ev, N.STAGE_QUEUE)}, but compute also explains {_share(ev, N.STAGE_COMPUTE):.0%}: "
-        "per-request cost feeds the queue. Cut per-request cost (quantize) before scaling out.")),
+        "per-request cost feeds the queue. Cut per-request cost (quantize) before scaling out."
+        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
     Rule(N.STAGE_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev: (
         f"{_stage_line(ev, N.STAGE_QUEUE)}; queue depth {_n(ev.get('queue_depth_tail'))} in the tail vs "
         f"{_n(ev.get('queue_depth_baseline'))} in the baseline; batches {_n(ev.get('batch_size_tail'))} "
@@ -148,7 +191,11 @@ RULES: tuple[Rule, ...] = (
     Rule(N.STAGE_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev: (
         f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}; repeated inputs in the tail "
         f"{_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)}. Cut the model's per-request cost: "
-        "quantize (int8) or compile the runtime.")),
+        "quantize (int8) or compile the runtime." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.STAGE_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev: (
+        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}. Cut the model's per-request cost without changing "
+        "its weights: compile the runtime (graph optimizations, operator fusion)."
+        + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
     Rule(N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev: (
         f"{_stage_line(ev, N.STAGE_PREFILL)}. Long prompts hold the scheduler in prefill: enable chunked "
         "prefill so prompt processing is interleaved with other requests.")),
@@ -171,8 +218,23 @@ RULES: tuple[Rule, ...] = (
 
 
 def choose(stage: str, ev: Evidence) -> tuple[str | None, str] | None:
-    """The first rule matching ``stage`` and the evidence: ``(lever, rationale)``; None if no rule."""
+    """The first rule matching ``stage`` and the evidence whose lever is acceptable:
+    ``(lever, rationale)``; None if no rule."""
     for rule in RULES:
-        if rule.stage == stage and rule.when(ev):
+        if rule.stage == stage and rule.when(ev) and rule.acceptable(ev):
             return rule.lever, rule.why(ev)
     return None
+
+
+def rejected(stage: str, ev: Evidence) -> list[tuple[str, str]]:
+    """The levers that matched ``stage`` and the evidence ahead of the chosen one but failed the quality
+    gate: ``(lever, rationale)`` each, the rationale saying why it is not acceptable."""
+    out: list[tuple[str, str]] = []
+    for rule in RULES:
+        if rule.stage != stage or not rule.when(ev):
+            continue
+        if rule.acceptable(ev):
+            break
+        assert rule.lever is not None
+        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev)}"))
+    return out

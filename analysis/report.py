@@ -67,7 +67,38 @@ def headline(report: dict[str, Any]) -> list[str]:
             f"lever: {v['lever'] or 'measure first'}"
             + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev else "")
         )
-    return lines
+    return lines + quality_lines(report)
+
+
+def quality_lines(report: dict[str, Any]) -> list[str]:
+    """The served model's eval-set accuracy beside each model-changing lever's, as the service exported
+    them, and the levers the quality gate rejected."""
+    mq = report.get("model_quality") or {}
+    acc = mq.get("accuracy") or {}
+    if not acc:
+        return []
+    serving = acc.get("serving")
+    others = [
+        f"{v} {a:.2%} ({(a - serving) * 100:+.2f} points)" for v, a in sorted(acc.items())
+        if v != "serving" and serving is not None
+    ]  # fmt: skip
+    budget = mq.get("quality_budget_points")
+    line = (
+        f"Model accuracy on its held-out eval set ({mq.get('eval_samples') or 'n/a'} samples): "
+        f"{'n/a' if serving is None else f'{serving:.2%}'} as served"
+        + (f"; {', '.join(others)}" if others else "")
+        + ("" if budget is None else f"; quality budget {budget:g} points")
+    )
+    out = [line]
+    for lv in report.get("levers", []):
+        if lv.get("acceptable") is False:
+            q = lv.get("quality") or {}
+            out.append(
+                f"Lever {lv['lever']} not acceptable: {q.get('drop_points', float('nan')):.2f} points of accuracy "
+                f"lost, over the {q.get('budget_points', float('nan')):g}-point budget (predicted "
+                f"{_q_name(report)} with it: {_ms(lv.get('predicted_p99_ms'))})"
+            )
+    return out
 
 
 def to_text(report: dict[str, Any]) -> str:
@@ -93,6 +124,7 @@ def to_text(report: dict[str, Any]) -> str:
         for lv in report["levers"]:
             out.append(
                 f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
+                + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
             )
             out.append(f"  {lv['rationale']}")
     out += counter_lines(report)
