@@ -5,6 +5,7 @@
     stagescope demo                                   # one breach scenario, verdict printed
     stagescope demo --scenario saturated --apply-lever
     stagescope demo --all --duration 12               # every scenario, found vs true cause
+    stagescope demo --engine onnx --scenario slow-compute --apply-lever   # a real model, real INT8
 
 Progress goes to stderr, the verdict and tables to stdout. Exit status 0 after a verdict, 3 when the
 run's analysis had no samples (no data is never a verdict: the printout says why), 2 for bad input.
@@ -18,8 +19,14 @@ from typing import Any
 
 __all__ = ["DEFAULT_SCENARIO", "register", "run"]
 
-#: The scenario ``make demo`` runs.
+#: The scenario ``make demo`` runs (on the default, simulated engine).
 DEFAULT_SCENARIO = "long-batch-wait"
+
+
+def _engine_names() -> tuple[str, ...]:
+    from stagescope.service.engines import ENGINES
+
+    return tuple(ENGINES)
 
 
 def register(subparsers: Any) -> None:
@@ -27,14 +34,20 @@ def register(subparsers: Any) -> None:
         "demo",
         help="run the reference service in a fault scenario under a real trace, and print the verdict",
         description=(
-            "Start the reference inference service (SIMULATED accelerator) in a fault scenario, replay a "
-            "real Azure LLM arrival trace against it, record spans, metrics and load results to local "
-            "files, analyse them and print the verdict. No Docker needed."
+            "Start the reference inference service in a fault scenario on an engine (the SIMULATED "
+            "accelerator by default, or a real model on ONNX Runtime), replay a real Azure LLM arrival trace "
+            "against it, record spans, metrics and load results to local files, analyse them and print the "
+            "verdict. No Docker needed."
         ),
     )
+    p.add_argument("--engine", choices=_engine_names(), default="simulated",
+                   help="what runs the model: simulated (default; SIMULATED accelerator, fast) or onnx (a real "
+                        "digits classifier on ONNX Runtime with real INT8; needs the onnx extra); each engine has "
+                        "its own scenarios (`stagescope serve --backend onnx --list-scenarios`)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--scenario", default=DEFAULT_SCENARIO,
-                       help=f"scenario to run (default {DEFAULT_SCENARIO}; `stagescope serve --list-scenarios`)")
+    which.add_argument("--scenario", default=None,
+                       help=f"scenario to run (default {DEFAULT_SCENARIO}, slow-compute on onnx; "
+                            "`stagescope serve --list-scenarios`)")
     which.add_argument("--all", action="store_true", help="run every scenario and compare found vs true cause")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="seconds of load per run (default 20; 12 with --all)")
@@ -48,13 +61,18 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from stagescope.demo.main import run_all, run_one
     from stagescope.errors import UserError
+    from stagescope.service.engines import get_engine
 
     if args.duration is not None and not 2.0 <= args.duration <= 3600.0:
         raise UserError(f"--duration must be between 2 and 3600 seconds, got {args.duration:g}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    engine = get_engine(args.engine)
+    scenario = engine.get_scenario(args.scenario or engine.default_scenario).name  # one line if unknown
+    engine.check_available()
     out = Path(args.out)
     if args.all:
-        return run_all(out, duration_s=args.duration or 12.0, apply_lever=args.apply_lever, port=args.port)
-    return run_one(args.scenario, out, duration_s=args.duration or 20.0, apply_lever=args.apply_lever,
-                   port=args.port)  # fmt: skip
+        return run_all(out, duration_s=args.duration or 12.0, apply_lever=args.apply_lever, port=args.port,
+                       engine=engine.name)  # fmt: skip
+    return run_one(scenario, out, duration_s=args.duration or 20.0, apply_lever=args.apply_lever,
+                   port=args.port, engine=engine.name)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from stagescope.demo.runner import RunResult, check_port_free, run_scenario
 from stagescope.errors import EXIT_NO_DATA, UserError
 from stagescope.names import STATUS_NO_DATA
 from stagescope.paths import ensure_writable_dir
-from stagescope.service.scenarios import SCENARIOS, get_scenario
+from stagescope.service.engines import DEFAULT_ENGINE, get_engine
 
 __all__ = ["lever_check", "run_all", "run_one"]
 
@@ -28,21 +29,46 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f} ms"
 
 
-def _run(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, label: str) -> RunResult:
+def _prepare(engine: str) -> None:
+    """Build (or find cached) what the engine needs, before any service starts; say what it is."""
+    eng = get_engine(engine)
+    eng.check_available()
+    if eng.name != DEFAULT_ENGINE:
+        err_console.print(f"engine [cyan]{eng.name}[/cyan]: preparing (the first run builds its model)")
+    what = eng.prepare()
+    if what:
+        err_console.print(f"  {what}")
+
+
+def _sizing(engine: str, name: str) -> dict[str, Any]:
+    """The engine's settings sizing scenario ``name`` to this machine (one measurement, used for the run
+    and its lever check alike), said on stderr."""
+    eng = get_engine(engine)
+    overrides, what = eng.sizing(eng.get_scenario(name))
+    if what:
+        err_console.print(f"  {what}")
+    return overrides
+
+
+def _run(
+    name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, label: str,
+    engine: str = DEFAULT_ENGINE, overrides: dict[str, Any] | None = None,
+) -> RunResult:  # fmt: skip
     from stagescope.loadgen.display import LiveProgress
 
-    sc = get_scenario(name)
+    eng = get_engine(engine)
+    sc = eng.get_scenario(name)
     ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
     lever = f" with {sc.lever} applied" if apply_lever else ""
     err_console.print(
-        f"[bold]{label}[/bold] scenario [cyan]{name}[/cyan]{lever}: reference service (SIMULATED accelerator), "
+        f"[bold]{label}[/bold] scenario [cyan]{name}[/cyan]{lever}: {eng.label}, "
         f"{sc.rate_rps:g} req/s on {sc.route} replaying the Azure conversation trace's arrivals for {duration_s:g} s"
     )
     with LiveProgress(err_console, duration_s, 0, enabled=err_console.is_terminal) as live:
         result = run_scenario(name, out=out, duration_s=duration_s, apply_lever=apply_lever, port=port or None,
-                              progress=live.update)  # fmt: skip
+                              progress=live.update, engine=eng.name, overrides=overrides)  # fmt: skip
     if result.archived is not None:
         err_console.print(f"  the earlier run's recordings in {out} were moved to {result.archived}")
     err_console.print(f"  recorded {result.requests_sent} requests into {out}; analysed -> {out / 'report.html'}")
@@ -72,8 +98,27 @@ def _write_dashboards(out: Path) -> None:
     build_dashboards(out / "dashboards")
 
 
+def _accuracy(report: dict[str, Any]) -> float | None:
+    """The served model's eval-set accuracy the service exported during the run (None if it did not)."""
+    return ((report.get("model_quality") or {}).get("accuracy") or {}).get("serving")
+
+
+def _stretch(report: dict[str, Any]) -> float | None:
+    """Wall time over CPU time of the tail's batches: the tail's compute p50 (wall, from the spans)
+    over the CPU time the service measured for the batch size nearest it (None without both). Above
+    1 the batches waited for a core: the machine's other load, which no lever model sees."""
+    serving = ((report.get("model_quality") or {}).get("batch_ms") or {}).get("serving") or {}
+    comp = ((report.get("evidence") or {}).get("stage_quantiles") or {}).get("compute") or {}
+    tail = comp.get("tail_p50_ms")
+    cpu = [float(v) for v in serving.values() if v and float(v) > 0]
+    if not tail or not cpu:
+        return None
+    return round(float(tail) / min(cpu, key=lambda v: abs(math.log(v / float(tail)))), 2)
+
+
 def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
-    """The ``lever_check.json`` record: measured quantile before and after, and the predicted one.
+    """The ``lever_check.json`` record: measured quantile before and after, the predicted one, and the
+    served model's eval-set accuracy before and after (as each run's service exported it).
     ``within_slo_after`` is None when the run after the lever had no samples (no data is never a
     verdict: ``no_data_reason_after`` says why)."""
     report = before.report
@@ -82,6 +127,7 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
     no_data = status(after.report) == STATUS_NO_DATA or q_after is None
     return {
         "scenario": before.scenario,
+        "engine": before.engine,
         "lever": v.get("lever"),
         "slo_ms": report["slo"]["threshold_ms"],
         "slo": report["slo"]["spec"],
@@ -91,6 +137,12 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         "status_after": status(after.report),
         "within_slo_after": None if no_data else q_after <= report["slo"]["threshold_ms"],
         "no_data_reason_after": after.report.get("no_data_reason") if no_data else None,
+        "accuracy_before": _accuracy(report),
+        "accuracy_after": _accuracy(after.report),
+        "quality_budget_points": report["slo"].get("quality_budget"),
+        # a real engine's slow batches: wall over CPU time (the SIMULATED engine has no CPU time to compare)
+        "batch_wall_over_cpu_before": _stretch(report) if before.engine != DEFAULT_ENGINE else None,
+        "batch_wall_over_cpu_after": _stretch(after.report) if before.engine != DEFAULT_ENGINE else None,
     }
 
 
@@ -100,9 +152,18 @@ def _after_words(check: dict[str, Any]) -> str:
     return f"SLO {check['slo_ms']:g} ms: {'met' if check['within_slo_after'] else 'still breached'}"
 
 
-def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int) -> int:
-    sc = get_scenario(name)
-    before = _run(name, out, duration_s=duration_s, apply_lever=False, port=port, label="run")
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.2f}%"
+
+
+def run_one(
+    name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, engine: str = DEFAULT_ENGINE
+) -> int:
+    sc = get_engine(engine).get_scenario(name)
+    _prepare(engine)
+    sized = _sizing(engine, name)
+    before = _run(name, out, duration_s=duration_s, apply_lever=False, port=port, label="run", engine=engine,
+                  overrides=sized)  # fmt: skip
     _write_dashboards(out)
     for line in _verdict_lines(before.report):
         out_console.print(line)
@@ -121,7 +182,8 @@ def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port:
         raise UserError(
             f"the recommended lever {verdict['lever']!r} is not the one scenario {name!r} can apply ({sc.lever!r})"
         )
-    after = _run(name, out / "lever", duration_s=duration_s, apply_lever=True, port=port, label="lever check")
+    after = _run(name, out / "lever", duration_s=duration_s, apply_lever=True, port=port, label="lever check",
+                 engine=engine, overrides=sized)  # fmt: skip
     check = lever_check(before, after)
     (out / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
     q = "p" + f"{before.report['slo']['objective'] * 100:g}"
@@ -129,18 +191,36 @@ def run_one(name: str, out: Path, *, duration_s: float, apply_lever: bool, port:
         f"Lever check ({check['lever']}): {q} before {_ms(check['p99_before_ms'])}, predicted "
         f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} ({_after_words(check)})"
     )
+    if check["accuracy_before"] is not None or check["accuracy_after"] is not None:
+        budget = check["quality_budget_points"]
+        out_console.print(
+            f"Model accuracy on its held-out eval set: before {_pct(check['accuracy_before'])}, after "
+            f"{_pct(check['accuracy_after'])}" + ("" if budget is None else f" (quality budget {budget:g} points)")
+        )
+    stretch = (check["batch_wall_over_cpu_before"], check["batch_wall_over_cpu_after"])
+    if None not in stretch:
+        out_console.print(
+            f"Slow batches ran at {check['batch_wall_over_cpu_before']:g}x their CPU time in the first run and "
+            f"{check['batch_wall_over_cpu_after']:g}x in the lever check (above 1: waiting for a core)"
+        )
     return 130 if after.interrupted else 0
 
 
-def run_all(out: Path, *, duration_s: float, apply_lever: bool, port: int) -> int:
-    table = Table(title="stagescope demo --all: found vs true cause")
+def run_all(
+    out: Path, *, duration_s: float, apply_lever: bool, port: int, engine: str = DEFAULT_ENGINE
+) -> int:
+    scenarios = get_engine(engine).scenarios
+    _prepare(engine)
+    table = Table(title=f"stagescope demo --all ({engine} engine): found vs true cause")
     for col in ("scenario", "true stage", "true lever", "found stage", "found lever", "SLO", "measured",
                 "predicted after lever", *(["measured after lever"] if apply_lever else []), "ok"):  # fmt: skip
         table.add_column(col)
     rows: list[dict[str, Any]] = []
     mismatches = 0
-    for name, sc in SCENARIOS.items():
-        res = _run(name, out / name, duration_s=duration_s, apply_lever=False, port=port, label=name)
+    for name, sc in scenarios.items():
+        sized = _sizing(engine, name)
+        res = _run(name, out / name, duration_s=duration_s, apply_lever=False, port=port, label=name,
+                   engine=engine, overrides=sized)  # fmt: skip
         v = res.report.get("verdict") or {}
         found_stage, found_lever = v.get("stage"), v.get("lever")
         ok = (found_stage, found_lever) == (sc.true_stage, sc.lever) and res.report["breached"] == sc.breach
@@ -151,7 +231,7 @@ def run_all(out: Path, *, duration_s: float, apply_lever: bool, port: int) -> in
         }  # fmt: skip
         if apply_lever and sc.lever is not None and ok:
             after = _run(name, out / name / "lever", duration_s=duration_s, apply_lever=True, port=port,
-                         label=f"{name} lever")  # fmt: skip
+                         label=f"{name} lever", engine=engine, overrides=sized)  # fmt: skip
             check = lever_check(res, after)
             (out / name / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
             row["after_ms"] = check["p99_after_ms"]

@@ -30,7 +30,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ import numpy as np
 from stagescope.demo.recorder import MetricsRecorder
 from stagescope.errors import UserError
 from stagescope.paths import ensure_writable_dir
-from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, get_scenario
+from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
+from stagescope.service.scenarios import GENERATE_ROUTE, Scenario
 from stagescope.slo import SLO
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
 #: data (``demo/data``, with its licence and ``SOURCE.md``), so an installed wheel finds it too.
 ARRIVAL_TRACE = Path(__file__).resolve().parent / "data" / "AzureLLMInferenceTrace_conv.csv"
 #: How long the reference service may take to answer /readyz (seconds).
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 120.0
 #: What one run records into its folder (an earlier run's are moved aside, see archive_previous).
 RECORDINGS = (
     "spans", "metrics", "results.parquet", "report.json", "report.html", "service.log", "lever", "lever_check.json",
@@ -81,6 +81,7 @@ class RunResult:
     interrupted: bool = False
     #: Where an earlier run's recordings in ``out`` were moved before this run, if there were any.
     archived: Path | None = None
+    engine: str = DEFAULT_ENGINE
 
 
 def archive_previous(out: Path) -> Path | None:
@@ -144,17 +145,15 @@ def schedule_for(sc: Scenario, duration_s: float) -> Any:
 
 
 class ServiceProcess:
-    """``stagescope serve`` as a child process; stopped with SIGINT so its sinks flush."""
+    """The engine's service (``stagescope serve``) as a child process; stopped with SIGINT so its sinks
+    flush."""
 
-    def __init__(self, sc: Scenario, *, port: int, spans_dir: Path, apply_lever: bool, log: Path) -> None:
+    def __init__(
+        self, sc: Scenario, *, port: int, spans_dir: Path, apply_lever: bool, log: Path, engine: Engine,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable, "-m", "stagescope.cli", "serve", "--scenario", sc.name,
-            "--host", "127.0.0.1", "--port", str(port), "--spans-out", str(spans_dir),
-            "--baseline-sample", "1",  # keep every trace: the analysis needs the baseline too
-        ]  # fmt: skip
-        if apply_lever:
-            cmd.append("--apply-lever")
+        cmd = engine.serve_command(sc, port=port, spans_dir=spans_dir, apply_lever=apply_lever, overrides=overrides)
         env = dict(os.environ, OTEL_TRACES_SAMPLER="always_on", PYTHONUNBUFFERED="1")
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # the embedded default records to local files
         self._log = log.open("wb")
@@ -237,9 +236,13 @@ def run_scenario(
     apply_lever: bool = False,
     port: int | None = None,
     progress: Callable[[Any], None] | None = None,
+    engine: str = DEFAULT_ENGINE,
+    overrides: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Run scenario ``name`` end to end into ``out``; see the module docstring."""
-    sc = get_scenario(name)
+    """Run scenario ``name`` of ``engine`` end to end into ``out`` (``overrides``: settings on top of the
+    scenario's, such as the engine's sizing); see the module docstring."""
+    eng = get_engine(engine)
+    sc = eng.get_scenario(name)
     ensure_writable_dir(out, "the demo's output there")
     if port:
         check_port_free(port)
@@ -248,7 +251,10 @@ def run_scenario(
     archived = archive_previous(out)
     spans = out / "spans"
     spans.mkdir(parents=True, exist_ok=True)
-    svc = ServiceProcess(sc, port=port, spans_dir=spans, apply_lever=apply_lever, log=out / "service.log")
+    svc = ServiceProcess(
+        sc, port=port, spans_dir=spans, apply_lever=apply_lever, log=out / "service.log", engine=eng,
+        overrides=overrides,
+    )
     sent, client_p99, interrupted = 0, None, False
     try:
         asyncio.run(svc.wait_ready())
@@ -261,4 +267,4 @@ def run_scenario(
         raise UserError(f"{spans}: the service recorded no spans (see {out / 'service.log'})")
     # the scenario's SLO is about its own route (probes and /metrics scrapes are not its traffic)
     report = analyse_run(out, dataclasses.replace(sc.slo, route=sc.route))
-    return RunResult(sc.name, apply_lever, out, report, sent, client_p99, interrupted, archived)
+    return RunResult(sc.name, apply_lever, out, report, sent, client_p99, interrupted, archived, eng.name)

@@ -1,0 +1,84 @@
+"""The engine registry, the SLO's quality budget and the quality gate's rules (no onnx extra needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from stagescope import names as N
+from stagescope.analysis import levers as L
+from stagescope.analysis import quality as QL
+from stagescope.analysis import synth_scenarios as S
+from stagescope.analysis.api import analyze
+from stagescope.demo.cli import DEFAULT_SCENARIO
+from stagescope.errors import UserError
+from stagescope.service.engines import ENGINES, engine_for_backend, get_engine
+from stagescope.slo import load_slo_file, parse_slo
+
+
+def test_every_engine_names_its_scenarios_and_the_default_stays_simulated() -> None:
+    assert get_engine("simulated").default_scenario == DEFAULT_SCENARIO
+    for eng in ENGINES.values():
+        assert eng.default_scenario in eng.scenarios and eng.label
+        for sc in eng.scenarios.values():
+            assert (sc.true_stage is None) == (sc.lever is None)
+            assert sc.slo.threshold_ms > 0
+    assert engine_for_backend("onnx").name == "onnx" and engine_for_backend("numpy").name == "simulated"
+    with pytest.raises(UserError, match="unknown engine 'nope'; known engines: simulated, onnx"):
+        get_engine("nope")
+    onnx = get_engine("onnx")
+    cmd = onnx.serve_command(onnx.scenarios["slow-compute"], port=1, spans_dir=Path("s"), apply_lever=True)
+    assert cmd[cmd.index("--backend") + 1] == "onnx" and cmd[-1] == "--apply-lever"
+
+
+def test_quality_budget_in_the_slo_file(tmp_path: Path) -> None:
+    def write(extra: str) -> Path:
+        p = tmp_path / "slo.yaml"
+        p.write_text(f"slos:\n  - {{name: p, service: s, sli: e2e, threshold_ms: 300, objective: 0.99{extra}}}\n")
+        return p
+
+    assert load_slo_file(write(""))[0].quality_budget is None
+    (slo,) = load_slo_file(write(", quality_budget: 0.5"))
+    assert slo.quality_budget == 0.5 and slo.to_dict()["quality_budget"] == 0.5
+    for bad in ("-1", "101", "'half'", "true", ".nan"):
+        with pytest.raises(UserError, match="quality_budget must be a number of accuracy points"):
+            load_slo_file(write(f", quality_budget: {bad}"))
+
+
+def _synth(budget: float | None) -> dict:  # type: ignore[type-arg]
+    """The synthetic slow-compute incident, whose SYNTHETIC service says INT8 costs 0.22 points."""
+    data = S.generate("slow-compute", 1200, seed=3)
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    return analyze(con, dataclasses.replace(parse_slo("p99<300ms")[0], quality_budget=budget))
+
+
+def test_the_gate_rules_on_a_synthetic_incident() -> None:
+    """The rule logic only; the real model's own measured drop is tested in test_onnx_engine.py."""
+    ok = _synth(0.5)
+    assert ok["verdict"]["lever"] == N.LEVER_QUANTIZE and ok["levers"][0]["acceptable"] is True
+    assert ok["model_quality"]["accuracy"] == {N.VARIANT_SERVING: 0.9711, N.LEVER_QUANTIZE: 0.9689}
+    # measured ratio 171/380 at 45 rows, not an assumed factor
+    assert "x0.45 at 45 rows" in ok["levers"][0]["rationale"]
+    tight = _synth(0.1)
+    first, chosen = tight["levers"][0], tight["levers"][1]
+    assert first["lever"] == N.LEVER_QUANTIZE and first["acceptable"] is False
+    assert first["rationale"].startswith("not acceptable") and first["predicted_p99_ms"] is not None
+    assert tight["verdict"]["lever"] == chosen["lever"] == N.LEVER_COMPILE_RUNTIME
+    # the synthetic service measured no compile-runtime variant: no effect model, no invented number
+    assert chosen["predicted_p99_ms"] is None and "measure after applying" in chosen["rationale"]
+    assert _synth(None)["verdict"]["lever"] == N.LEVER_QUANTIZE  # no budget: no gate
+
+
+def test_ratio_follows_the_batch_size_nearest_each_requests_compute() -> None:
+    facts = {"batch_ms": {"serving": {1: 1.0, 100: 50.0, 5000: 300.0}, "quantize": {1: 0.4, 100: 30.0, 5000: 150.0}}}
+    curve = QL.speed_curve(facts, N.LEVER_QUANTIZE)
+    assert [r for _, _, r in curve] == [1, 100, 5000]
+    con = duckdb.connect()
+    got = [con.execute(f"SELECT {QL.ratio_sql(curve, str(ms))}").fetchone()[0] for ms in (0.5, 6.0, 8.0, 400.0)]  # type: ignore[index]
+    assert got == [0.4, 0.4, 0.6, 0.5]  # the boundary between 1 and 100 rows is sqrt(1 x 50) ms
+    assert QL.speed_curve(facts, N.LEVER_COMPILE_RUNTIME) == []
+    assert L.quality({}, N.LEVER_QUANTIZE) is None
