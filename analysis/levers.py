@@ -214,6 +214,19 @@ RULES: tuple[Rule, ...] = (
         "(fewer fields, compact encoding, compression).")),
     Rule(N.STAGE_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
         f"{_stage_line(ev, N.STAGE_NETWORK)} (client minus server time). Transfer time: shrink the response.")),
+    # Stages other servers measure (Triton's frontend and tensor copies, see analysis/ingest/triton.py).
+    Rule(N.STAGE_RECEIVE, N.LEVER_SHRINK_REQUEST, _always, lambda ev: (
+        f"{_stage_line(ev, N.STAGE_RECEIVE)}. The server is reading large requests off the network: send "
+        "smaller inputs (binary tensor data instead of JSON; shared memory for a client on the same host).")),
+    Rule(N.STAGE_DESERIALIZE, N.LEVER_SHRINK_REQUEST, _always, lambda ev: (
+        f"{_stage_line(ev, N.STAGE_DESERIALIZE)}. Parsing requests into tensors costs CPU per element: send "
+        "inputs as binary tensor data (Triton's binary tensor extension) or gRPC, not JSON numbers.")),
+    Rule(N.STAGE_COMPUTE_INPUT, N.LEVER_SHRINK_REQUEST, _always, lambda ev: (
+        f"{_stage_line(ev, N.STAGE_COMPUTE_INPUT)}. Copying input tensors to the model (host to GPU): pass "
+        "them in CUDA shared memory, or send fewer and smaller tensors.")),
+    Rule(N.STAGE_COMPUTE_OUTPUT, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
+        f"{_stage_line(ev, N.STAGE_COMPUTE_OUTPUT)}. Copying output tensors from the model (GPU to host): "
+        "request only the outputs the client uses, make them smaller, or return them in CUDA shared memory.")),
 )  # fmt: skip
 
 

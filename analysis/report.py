@@ -165,10 +165,15 @@ def counter_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for r in report.get("server_counters", {}).get("triton", []):
         compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
-        lines.append(
+        line = (
             f"Triton {r['model']} (v{r['version']}): {r['requests']:.0f} requests, per request queue "
             f"{_ms(r.get('queue_ms'))}, compute {_ms(compute)}"
         )
+        if r.get("cache_hits") is not None:
+            line += f" per executed request ({r['cache_hits']:.0f} response-cache hits, {_ms(r.get('cache_hit_ms'))} each)"
+        if r.get("first_response_ms") is not None:
+            line += f", first response {_ms(r['first_response_ms'])}"
+        lines.append(line)
     for r in report.get("server_counters", {}).get("vllm", []):
         lines.append(
             f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "

@@ -53,6 +53,8 @@ class SynthSpan:
     attributes: Mapping[str, AttrValue] = field(default_factory=dict)
     status_code: int = 0  # OTLP status: 0 unset, 1 ok, 2 error
     service: str = "synthetic-service"  # resource service.name
+    events: Sequence[tuple[str, int]] = ()  # (name, Unix ns) span events
+    scope: str = "stagescope.synth"  # instrumentation scope name
 
 
 def _value(v: AttrValue) -> dict[str, Any]:
@@ -85,20 +87,22 @@ def _span_json(s: SynthSpan) -> dict[str, Any]:
     }
     if s.parent_span_id:
         d["parentSpanId"] = s.parent_span_id
+    if s.events:
+        d["events"] = [{"timeUnixNano": str(ns), "name": name} for name, ns in s.events]
     return d
 
 
 def _export_request(spans: Sequence[SynthSpan]) -> dict[str, Any]:
-    by_service: dict[str, list[dict[str, Any]]] = {}
+    by_service: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for s in spans:
-        by_service.setdefault(s.service, []).append(_span_json(s))
+        by_service.setdefault((s.service, s.scope), []).append(_span_json(s))
     return {
         "resourceSpans": [
             {
                 "resource": {"attributes": otlp_attributes({"service.name": svc})},
-                "scopeSpans": [{"scope": {"name": "stagescope.synth"}, "spans": js}],
+                "scopeSpans": [{"scope": {"name": scope}, "spans": js}],
             }
-            for svc, js in by_service.items()
+            for (svc, scope), js in by_service.items()
         ]
     }
 

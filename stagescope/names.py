@@ -28,6 +28,14 @@ STAGE_DECODE: Final = "decode"  # LLM: first token -> last token
 STAGE_POSTPROCESS: Final = "postprocess"  # CPU work turning model output into the answer
 STAGE_EGRESS: Final = "egress"  # serialization and response write
 STAGE_COLD_START: Final = "cold_start"  # time a request waited for a model load
+# Stages other servers measure that stagescope's own instrumentation has no exact match for (Triton's
+# trace timestamps, see analysis/ingest/triton.py); a team may record them too.
+STAGE_RECEIVE: Final = "receive"  # the server reading the request off the network (Triton HTTP_RECV_*)
+STAGE_DESERIALIZE: Final = "deserialize"  # the server's frontend parsing the request into tensors
+STAGE_COMPUTE_INPUT: Final = "compute_input"  # input tensors copied / prepared for the model (to the GPU)
+STAGE_COMPUTE_OUTPUT: Final = (
+    "compute_output"  # output tensors copied / prepared after the model (from the GPU)
+)
 
 STAGES: Final[tuple[str, ...]] = (
     STAGE_NETWORK,
@@ -41,6 +49,10 @@ STAGES: Final[tuple[str, ...]] = (
     STAGE_POSTPROCESS,
     STAGE_EGRESS,
     STAGE_COLD_START,
+    STAGE_RECEIVE,
+    STAGE_DESERIALIZE,
+    STAGE_COMPUTE_INPUT,
+    STAGE_COMPUTE_OUTPUT,
 )
 #: Stages that are waiting rather than working: tail latency mostly lives here.
 WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
@@ -59,6 +71,10 @@ STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
     STAGE_POSTPROCESS: "CPU postprocessing of model output",
     STAGE_EGRESS: "response serialization and write",
     STAGE_COLD_START: "waiting for a model load (cold start)",
+    STAGE_RECEIVE: "the server reading the request body off the network",
+    STAGE_DESERIALIZE: "the server's frontend parsing the request into input tensors",
+    STAGE_COMPUTE_INPUT: "copying / preparing input tensors for the model (host to GPU)",
+    STAGE_COMPUTE_OUTPUT: "copying / preparing output tensors after the model (GPU to host)",
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -76,6 +92,7 @@ LEVER_COMPILE_RUNTIME: Final = "compile-runtime"
 LEVER_SHRINK_RESPONSE: Final = "shrink-response"
 LEVER_CHUNKED_PREFILL: Final = "chunked-prefill"
 LEVER_SPECULATIVE_DECODING: Final = "speculative-decoding"
+LEVER_SHRINK_REQUEST: Final = "shrink-request"
 
 LEVERS: Final[tuple[str, ...]] = (
     LEVER_CACHE_FEATURES,
@@ -90,6 +107,7 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_SHRINK_RESPONSE,
     LEVER_CHUNKED_PREFILL,
     LEVER_SPECULATIVE_DECODING,
+    LEVER_SHRINK_REQUEST,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -115,7 +133,9 @@ STATUSES: Final[tuple[str, ...]] = (STATUS_BREACHED, STATUS_NO_DATA, STATUS_MET)
 # --------------------------------------------------------------------------------------------------
 # Prometheus metric names (stagescope's own). Durations in seconds.
 # --------------------------------------------------------------------------------------------------
-METRIC_REQUEST_DURATION: Final = "stagescope_request_duration_seconds"  # histogram: route, model, status_class
+METRIC_REQUEST_DURATION: Final = (
+    "stagescope_request_duration_seconds"  # histogram: route, model, status_class
+)
 METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, model
 METRIC_QUEUE_DEPTH: Final = "stagescope_queue_depth"  # gauge: model; requests waiting (batch_wait + queue)
 METRIC_INFLIGHT: Final = "stagescope_inflight_requests"  # gauge: requests being served right now
@@ -181,7 +201,9 @@ DCGM_LABEL_VBIOS_VERSION: Final = "DCGM_FI_DEV_VBIOS_VERSION"
 # window (set it to the scrape interval), published as max and mean so a 15 s scrape shows a 1 s peak.
 METRIC_GPU_UTIL_WINDOW_MAX: Final = "stagescope_gpu_utilization_window_max_percent"  # gauge: dcgm + engine
 METRIC_GPU_UTIL_WINDOW_MEAN: Final = "stagescope_gpu_utilization_window_mean_percent"  # gauge: dcgm + engine
-METRIC_GPU_UTIL_WINDOW_SAMPLES: Final = "stagescope_gpu_utilization_window_samples"  # gauge: samples in window
+METRIC_GPU_UTIL_WINDOW_SAMPLES: Final = (
+    "stagescope_gpu_utilization_window_samples"  # gauge: samples in window
+)
 METRIC_GPU_WINDOW_SECONDS: Final = "stagescope_gpu_utilization_window_seconds"  # gauge: window length (s)
 # Per-process GPU use (pid), so a service can be matched to its GPU.
 METRIC_GPU_PROCESS_MEMORY: Final = "stagescope_gpu_process_memory_used_bytes"  # gauge: gpu, UUID, pid
@@ -223,6 +245,44 @@ TRITON_COMPUTE_INFER_US: Final = "nv_inference_compute_infer_duration_us"
 TRITON_COMPUTE_OUTPUT_US: Final = "nv_inference_compute_output_duration_us"
 TRITON_GPU_UTILIZATION: Final = "nv_gpu_utilization"
 TRITON_GPU_MEMORY_USED: Final = "nv_gpu_memory_used_bytes"
+# Time to first response (histogram, milliseconds, whole milliseconds per observation: core's
+# infer_response.cc divides nanoseconds by 1e6 in integers); only with --metrics-config
+# histogram_latencies=true.
+TRITON_FIRST_RESPONSE_MS: Final = "nv_inference_first_response_histogram_ms"
+# Response cache (only for models with the cache on). Hits count in request_success, request and queue
+# durations but not in nv_inference_count / exec_count or the compute counters (core infer_stats.cc).
+TRITON_CACHE_HITS: Final = "nv_cache_num_hits_per_model"
+TRITON_CACHE_MISSES: Final = "nv_cache_num_misses_per_model"
+TRITON_CACHE_HIT_US: Final = "nv_cache_hit_duration_per_model"  # cumulative microseconds
+TRITON_CACHE_MISS_US: Final = "nv_cache_miss_duration_per_model"  # cumulative microseconds
+TRITON_LABEL_MODEL: Final = "model"
+TRITON_LABEL_VERSION: Final = "version"
+# Triton's traces (server src/tracer.cc): the trace file's timestamp names (core's
+# TRITONSERVER_InferenceTraceActivityString and the frontends' CaptureTimestamp calls) and the
+# OpenTelemetry mode's span names and attributes.
+TRITON_TS_REQUEST_START: Final = "REQUEST_START"
+TRITON_TS_QUEUE_START: Final = "QUEUE_START"
+TRITON_TS_COMPUTE_START: Final = "COMPUTE_START"
+TRITON_TS_COMPUTE_INPUT_END: Final = "COMPUTE_INPUT_END"
+TRITON_TS_COMPUTE_OUTPUT_START: Final = "COMPUTE_OUTPUT_START"
+TRITON_TS_COMPUTE_END: Final = "COMPUTE_END"
+TRITON_TS_REQUEST_END: Final = "REQUEST_END"
+TRITON_TS_HTTP_RECV_START: Final = "HTTP_RECV_START"
+TRITON_TS_HTTP_RECV_END: Final = "HTTP_RECV_END"
+TRITON_TS_HTTP_SEND_START: Final = "HTTP_SEND_START"
+TRITON_TS_HTTP_SEND_END: Final = "HTTP_SEND_END"
+TRITON_TS_GRPC_WAITREAD_START: Final = "GRPC_WAITREAD_START"
+TRITON_TS_GRPC_WAITREAD_END: Final = "GRPC_WAITREAD_END"
+TRITON_TS_GRPC_SEND_START: Final = "GRPC_SEND_START"
+TRITON_TS_GRPC_SEND_END: Final = "GRPC_SEND_END"
+TRITON_TS_INFER_RESPONSE_COMPLETE: Final = "INFER_RESPONSE_COMPLETE"
+TRITON_SPAN_ROOT: Final = "InferRequest"  # OpenTelemetry mode: the request's root span
+TRITON_SPAN_COMPUTE: Final = "compute"  # OpenTelemetry mode: a model span's compute child
+TRITON_ATTR_MODEL_NAME: Final = "triton.model_name"
+TRITON_ATTR_MODEL_VERSION: Final = "triton.model_version"
+TRITON_ATTR_TRACE_ID: Final = "triton.trace_id"
+TRITON_ATTR_TRACE_PARENT_ID: Final = "triton.trace_parent_id"
+TRITON_ATTR_REQUEST_ID: Final = "triton.request_id"
 
 # --------------------------------------------------------------------------------------------------
 # Prometheus label keys.
@@ -376,5 +436,8 @@ ENV_INSTRUMENTATION_MODE: Final = "STAGESCOPE_INSTRUMENTATION_MODE"
 #: Seconds a graceful stop (SIGTERM/SIGINT through the ASGI lifespan, atexit, ``shutdown()``) may spend
 #: writing or sending the spans still queued; what is left then is counted as DROP_SHUTDOWN.
 ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
+#: Unix time minus steady-clock time on the Triton host, in ns, for placing Triton trace files
+#: (their timestamps are on the server's steady clock; see analysis/ingest/triton_file.py).
+ENV_TRITON_CLOCK_OFFSET_NS: Final = "STAGESCOPE_TRITON_CLOCK_OFFSET_NS"
 
 __all__ = sorted(name for name in dir() if name.isupper())

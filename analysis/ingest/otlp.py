@@ -4,7 +4,7 @@ Input: files holding ``ExportTraceServiceRequest`` JSON, one per line (the colle
 exporter, stagescope's embedded sink) or one (pretty-printed) document per file, optionally gzip.
 DuckDB splits the files into JSON objects and parses each object **once** with ``json_transform``
 into nested structs (ids, kind and status as text, times as BIGINT, attributes as a list of
-``{key, value}`` structs); UNNEST
+``{key, value}`` structs, events as ``{name, ns}``); UNNEST
 walks ``resourceSpans -> scopeSpans -> spans``, and the attribute keys of
 :data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are pivoted with ``list_position``. (Keep
 expressions out of SELECTs that UNNEST: DuckDB evaluates them per output row.) Lenient by design:
@@ -23,7 +23,7 @@ from typing import Final
 
 from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
 
-__all__ = ["MAX_OBJECT_BYTES", "otlp_spans_sql", "sql_str"]
+__all__ = ["MAX_OBJECT_BYTES", "WRAPPERS", "otlp_spans_sql", "sql_str"]
 
 #: Default largest JSON object (one export request line); DuckDB's read buffers scale with it, so it
 #: stays at DuckDB's default and a file with longer lines is retried with a larger bound.
@@ -37,10 +37,15 @@ _ATTR_TYPE = (
 _SPAN_TYPE = (
     '{"traceId":"VARCHAR","spanId":"VARCHAR","parentSpanId":"VARCHAR","name":"VARCHAR","kind":"VARCHAR",'
     '"startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
-    f'"attributes":{_ATTR_TYPE}}}'
+    f'"attributes":{_ATTR_TYPE},"events":[{{"name":"VARCHAR","timeUnixNano":"BIGINT"}}]}}'
 )
 #: One export request, parsed once per line into nested structs (ids/kind/status converted below).
 _LINE_TYPE = f'{{"resourceSpans":[{{"resource":{{"attributes":{_ATTR_TYPE}}},"scopeSpans":[{{"spans":[{_SPAN_TYPE}]}}]}}]}}'
+#: Envelopes around the export request that readers name: Jaeger v2's query API (``api/v3``) answers
+#: ``{"result": TracesData}`` (jaegertracing/jaeger
+#: cmd/jaeger/internal/extension/jaegerquery/internal/apiv3/http_gateway.go, ``returnTrace``; its
+#: grpc-gateway predecessor streamed one such object per line).
+WRAPPERS: Final = ("result",)
 _KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
 _STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
 
@@ -98,11 +103,17 @@ def otlp_spans_sql(
     fmt: str = "newline_delimited",
     compression: str = "auto",
     max_object_bytes: int = MAX_OBJECT_BYTES,
+    wrapper: str | None = None,
 ) -> str:
     """A SELECT yielding the spans table (columns of ``SPAN_COLUMNS``) for OTLP/JSON ``files``.
 
-    ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents).
+    ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents);
+    ``wrapper`` (one of :data:`WRAPPERS`) is the key each object holds the export request under.
     """
+    if wrapper is not None and wrapper not in WRAPPERS:
+        raise ValueError(wrapper)
+    line_type = _LINE_TYPE if wrapper is None else f'{{"{wrapper}":{_LINE_TYPE}}}'
+    root = "x" if wrapper is None else f"x.{wrapper}"
     pivots: list[str] = []
     values: list[str] = []
     for col, (typ, keys) in ATTR_COLUMNS.items():
@@ -115,11 +126,11 @@ def otlp_spans_sql(
     cols = ", ".join(SPAN_COLUMNS)
     return f"""
 WITH o AS (
-  SELECT filename AS file, json_transform(json, '{_LINE_TYPE}') AS x
+  SELECT filename AS file, json_transform(json, '{line_type}') AS x
   FROM {_objects(files, fmt, compression, max_object_bytes)}
 ), r AS (
-  SELECT file, CASE WHEN x.resourceSpans IS NULL
-    THEN list_append(list_filter(x.resourceSpans, lambda z: false), NULL) ELSE x.resourceSpans END AS rl
+  SELECT file, CASE WHEN {root}.resourceSpans IS NULL
+    THEN list_append(list_filter({root}.resourceSpans, lambda z: false), NULL) ELSE {root}.resourceSpans END AS rl
   FROM o
 ), r1 AS (
   SELECT file, unnest(rl) AS x FROM r
@@ -140,7 +151,8 @@ WITH o AS (
   SELECT file, service, unnest(spans) AS x FROM rb
 ), t AS (
   SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.parentSpanId AS pid, x.name AS name,
-    x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a
+    x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a,
+    x.events AS ev
   FROM s
 ), u AS (
   SELECT *, list_transform(a, lambda x: x.key) AS ks, list_transform(a, lambda x: x.value.stringValue) AS sv,
@@ -155,6 +167,8 @@ WITH o AS (
     {_enum("k", "SPAN_KIND_", _KINDS)} AS kind,
     st AS start_ns, en AS end_ns, service,
     {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status,
+    CASE WHEN len(ev) > 0 THEN list_transform(ev, lambda e: {{'name': e.name, 'ns': e.timeUnixNano}}) END
+      AS events,
     {", ".join(pivots)}
   FROM w
 )

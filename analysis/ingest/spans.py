@@ -3,6 +3,11 @@
 One row per span. Times are Unix **nanoseconds**; attribute-derived durations keep the emitter's
 unit (**seconds**, OpenTelemetry convention) and are converted to milliseconds when the analysis
 relations are derived (see :mod:`stagescope.analysis.ingest.derive`).
+
+``events`` keeps a span's events (OTLP ``events``, Jaeger ``logs``, Zipkin ``annotations``) as
+``{name, ns}`` pairs (Unix ns), NULL for a span without any: servers that put their timestamps in
+events (Triton's OpenTelemetry mode, see :mod:`stagescope.analysis.ingest.triton_otel`) are read
+from them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "stage": ("VARCHAR", (names.ATTR_STAGE,)),
     "route": ("VARCHAR", ("http.route",)),
     "http_status": ("BIGINT", ("http.response.status_code", "http.status_code")),
-    "model": ("VARCHAR", (names.ATTR_MODEL, names.GENAI_REQUEST_MODEL, "gen_ai.response.model")),
+    "model": (
+        "VARCHAR",
+        (names.ATTR_MODEL, names.GENAI_REQUEST_MODEL, "gen_ai.response.model", names.TRITON_ATTR_MODEL_NAME),
+    ),
     "batch_size": ("BIGINT", (names.ATTR_BATCH_SIZE,)),
     "queue_depth": ("BIGINT", (names.ATTR_QUEUE_DEPTH,)),
     "input_hash": ("VARCHAR", (names.ATTR_INPUT_HASH,)),
@@ -59,6 +67,7 @@ SPAN_COLUMNS: Final[dict[str, str]] = {
     "end_ns": "BIGINT",
     "service": "VARCHAR",
     "otel_status": "INTEGER",  # 0 unset, 1 ok, 2 error
+    "events": "STRUCT(name VARCHAR, ns BIGINT)[]",  # NULL when the span has none
     **{col: typ for col, (typ, _) in ATTR_COLUMNS.items()},
 }
 
