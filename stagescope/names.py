@@ -187,7 +187,11 @@ DCGM_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
 DCGM_PROF_GR_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 DCGM_PROF_PIPE_TENSOR_ACTIVE: Final = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 DCGM_PROF_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
-DCGM_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # gauge, NVML bitmask
+# Clock-event (throttle) reasons, a gauge holding NVML's bitmask: dcgm-exporter HEAD reads the field as
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS (internal/pkg/collector/clock_events_collector.go); DCGM 3.3 renamed
+# it from DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, which its headers keep as an alias (older CSVs use it).
+DCGM_CLOCKS_EVENT_REASONS: Final = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+DCGM_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # the name before DCGM 3.3
 DCGM_ECC_SBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
 DCGM_ECC_DBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 DCGM_ECC_SBE_AGG_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"
@@ -212,7 +216,13 @@ METRIC_GPU_SCRAPE_ERRORS: Final = "stagescope_gpu_nvml_errors_total"  # counter:
 LABEL_ENGINE: Final = "engine"  # "gpu" / "memory_copy" (device), "sm" / "memory_copy" (process)
 LABEL_PID: Final = "pid"
 DCGM_BLANK_SENTINEL: Final = 9223372036854775794
-DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+# The host label: dcgm-exporter HEAD writes ``hostname`` (commit d5e5f51, 2026-05-12, "Rename Hostname
+# label to hostname", internal/pkg/rendermetrics/render_metrics.go), its releases up to 4.5.3-4.8.2
+# ``Hostname``; stagescope's exporter writes the new one, the old one with --legacy-hostname-label.
+DCGM_LABEL_HOSTNAME: Final = "hostname"
+DCGM_LABEL_HOSTNAME_LEGACY: Final = "Hostname"
+DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", DCGM_LABEL_HOSTNAME)
+DCGM_LABELS_LEGACY: Final[tuple[str, ...]] = (*DCGM_LABELS[:-1], DCGM_LABEL_HOSTNAME_LEGACY)
 SIMULATED_ACCELERATOR_MODEL_NAME: Final = "simulated-accelerator"
 
 # vLLM (prefix ``vllm:``, label ``model_name``).

@@ -42,7 +42,13 @@ def register(subparsers: Any) -> None:
         help="dcgm-exporter counters CSV to publish (default: stagescope's, dcgm-exporter's default list plus NVML extras)",
     )
     p.add_argument(
-        "--hostname", default=None, help="Hostname label (default: $NODE_NAME, else this machine's name)"
+        "--hostname", default=None, help="host label value (default: $NODE_NAME, else this machine's name)"
+    )
+    p.add_argument(
+        "--legacy-hostname-label",
+        action="store_true",
+        help="write the host label as 'Hostname', as dcgm-exporter releases up to 4.5.3-4.8.2 do, for "
+        "dashboards written against them (default: 'hostname', as dcgm-exporter HEAD)",
     )
     p.set_defaults(func=run)
 
@@ -70,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stagescope.gpu-exporter")
     counters = load_counters_csv(args.collectors)
+    label = names.DCGM_LABEL_HOSTNAME_LEGACY if args.legacy_hostname_label else names.DCGM_LABEL_HOSTNAME
     collector = GpuCollector(
-        counters=counters, hostname=args.hostname, interval_s=args.interval, window_s=args.window
-    )
+        counters=counters, hostname=args.hostname, hostname_label=label, interval_s=args.interval,
+        window_s=args.window,
+    )  # fmt: skip
     skipped = [
         c.name
         for c in counters

@@ -22,7 +22,8 @@ DCGM_FI_DEV_FB_FREE / USED / RESERVED  MiB       nvmlDeviceGetMemoryInfo(version
 DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL     count     nvmlDeviceGetFieldValues(NVLINK_BANDWIDTH_C0_TOTAL)
 DCGM_FI_DEV_*REMAPPED_ROWS, ROW_REMAP_FAILURE    nvmlDeviceGetRemappedRows
 DCGM_FI_PROF_PCIE_TX_BYTES / RX_BYTES  bytes/s   nvmlDeviceGetPcieThroughput (KB/s) * 1024
-DCGM_FI_DEV_CLOCK_THROTTLE_REASONS     bitmask   nvmlDeviceGetCurrentClocksEventReasons
+DCGM_FI_DEV_CLOCKS_EVENT_REASONS       bitmask   nvmlDeviceGetCurrentClocksEventReasons (also
+  (before DCGM 3.3: _CLOCK_THROTTLE_REASONS)     under the old name, for CSVs that list it)
 DCGM_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL count  nvmlDeviceGetTotalEccErrors
 DCGM_FI_PROF_GR_ENGINE_ACTIVE,         ratio     NVML GPM (Hopper and newer), see gpm.py
   PIPE_TENSOR_ACTIVE, DRAM_ACTIVE
@@ -192,6 +193,7 @@ READERS: dict[str, Reader] = {
     names.DCGM_ROW_REMAP_FAILURE: _remapped(3),
     names.DCGM_PCIE_TX_BYTES: lambda n, h: n.nvmlDeviceGetPcieThroughput(h, NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
     names.DCGM_PCIE_RX_BYTES: lambda n, h: n.nvmlDeviceGetPcieThroughput(h, NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+    names.DCGM_CLOCKS_EVENT_REASONS: _throttle,
     names.DCGM_CLOCK_THROTTLE_REASONS: _throttle,
     names.DCGM_ECC_SBE_VOL_TOTAL: _ecc(NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
     names.DCGM_ECC_DBE_VOL_TOTAL: _ecc(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
