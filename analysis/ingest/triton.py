@@ -65,7 +65,7 @@ from itertools import pairwise
 
 from stagescope import names as N
 
-__all__ = ["Node", "TritonRequest", "build", "span_id"]
+__all__ = ["Node", "SpanBuffer", "TritonRequest", "build", "children", "request_fields", "span_id"]
 
 #: (stage, start timestamp, end timestamp) of one model's trace, in order.
 _MODEL_STAGES: tuple[tuple[str, str, str], ...] = (
@@ -180,12 +180,17 @@ def _cut(iv: tuple[int, int], holes: list[tuple[int, int]]) -> Iterator[tuple[in
         yield s, e
 
 
-def _subtree(nodes: dict[Hashable, Node], root: Hashable) -> dict[Hashable, list[Hashable]]:
-    """Children of every node reachable from ``root`` (each node once, cycles ignored)."""
+def children(nodes: dict[Hashable, Node]) -> dict[Hashable, list[Hashable]]:
+    """Parent key -> keys of its children (compute once per file, pass to :func:`build`)."""
     kids: dict[Hashable, list[Hashable]] = {}
     for k, n in nodes.items():
         if n.parent is not None and n.parent != k:
             kids.setdefault(n.parent, []).append(k)
+    return kids
+
+
+def _subtree(kids: dict[Hashable, list[Hashable]], root: Hashable) -> dict[Hashable, list[Hashable]]:
+    """Children of every node reachable from ``root`` (each node once, cycles ignored)."""
     out: dict[Hashable, list[Hashable]] = {}
     todo = [root]
     while todo:
@@ -197,10 +202,13 @@ def _subtree(nodes: dict[Hashable, Node], root: Hashable) -> dict[Hashable, list
     return out
 
 
-def build(nodes: dict[Hashable, Node], root: Hashable) -> TritonRequest | None:
-    """The request whose own trace is ``nodes[root]``, with the stages of every trace under it; None
-    when the traces hold no timestamp at all."""
-    tree = _subtree(nodes, root)
+def build(
+    nodes: dict[Hashable, Node], root: Hashable, family: dict[Hashable, list[Hashable]] | None = None
+) -> TritonRequest | None:
+    """The request whose own trace is ``nodes[root]``, with the stages of every trace under it
+    (``family``: :func:`children` of ``nodes``, computed here when not given); None when the traces
+    hold no timestamp at all."""
+    tree = _subtree(children(nodes) if family is None else family, root)
     top = nodes[root]
     stages: list[tuple[str, int, int]] = []
     inverted = 0
@@ -243,16 +251,6 @@ def build(nodes: dict[Hashable, Node], root: Hashable) -> TritonRequest | None:
     )
 
 
-def blank_row(file: str, trace_id: str, span: str, parent: str, name: str, kind: int) -> dict[str, object]:
-    """A spans-table row with every column NULL but the identity ones."""
-    from stagescope.analysis.ingest.spans import SPAN_COLUMNS
-
-    row: dict[str, object] = dict.fromkeys(SPAN_COLUMNS)
-    row.update(file=file, trace_id=trace_id, span_id=span, parent_span_id=parent, name=name, kind=kind,
-               otel_status=0)  # fmt: skip
-    return row
-
-
 def request_fields(req: TritonRequest, offset_ns: int = 0) -> dict[str, object]:
     """The request span's columns a Triton request sets (times moved by ``offset_ns``; seconds for the
     latency attributes, as the spans table keeps them)."""
@@ -269,23 +267,63 @@ def request_fields(req: TritonRequest, offset_ns: int = 0) -> dict[str, object]:
     }
 
 
-def stage_rows(
-    req: TritonRequest,
-    *,
-    file: str,
-    trace_id: str,
-    request_span: str,
-    service: str | None,
-    offset_ns: int = 0,
-) -> list[dict[str, object]]:
-    """One INTERNAL child of the request span per stage interval (``stagescope.stage`` set)."""
-    from stagescope.analysis.ingest.spans import KIND_INTERNAL
+#: The spans-table columns a Triton request row sets, and those of a stage row (the others stay NULL).
+_REQUEST_COLS = ("file", "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "service",
+                 "otel_status", "model", "route", "ttft_s", "gaps_s", "itl_mean_s", "itl_max_s")  # fmt: skip
+_STAGE_COLS = ("file", "trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "service",
+               "otel_status", "stage")  # fmt: skip
 
-    out = []
-    for i, (stage, s, e) in enumerate(req.stages):
-        row = blank_row(
-            file, trace_id, span_id(trace_id, request_span, i), request_span, stage, KIND_INTERNAL
-        )
-        row.update(start_ns=s + offset_ns, end_ns=e + offset_ns, service=service, stage=stage)
-        out.append(row)
-    return out
+
+class SpanBuffer:
+    """Spans-table rows as tuples, turned into columns once (a dict per row cost more than the rules)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[object, ...]] = []
+        self.stage_rows: list[tuple[object, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.requests) + len(self.stage_rows)
+
+    def request(
+        self, req: TritonRequest, *, file: str, trace_id: str, span: str, service: str | None, offset_ns: int = 0
+    ) -> None:
+        """The request's own SERVER span (name ``InferRequest``, as Triton's OpenTelemetry root)."""
+        from stagescope.analysis.ingest.spans import KIND_SERVER
+
+        f = request_fields(req, offset_ns)
+        self.requests.append((file, trace_id, span, "", N.TRITON_SPAN_ROOT, KIND_SERVER, f["start_ns"], f["end_ns"],
+                              service, 0, f["model"], f["route"], f["ttft_s"], f["gaps_s"], f["itl_mean_s"],
+                              f["itl_max_s"]))  # fmt: skip
+
+    def stages(
+        self, req: TritonRequest, *, file: str, trace_id: str, parent: str, service: str | None, offset_ns: int = 0
+    ) -> None:
+        """One INTERNAL child of ``parent`` per stage interval (``stagescope.stage`` set); span ids
+        are the parent's xor the interval's number (unique in the trace, the same on every read)."""
+        from stagescope.analysis.ingest.spans import KIND_INTERNAL
+
+        base = int(parent, 16)
+        self.stage_rows.extend(
+            (file, trace_id, f"{base ^ (i << 40) ^ i:016x}", parent, stage, KIND_INTERNAL, st + offset_ns,
+             en + offset_ns, service, 0, stage)
+            for i, (stage, st, en) in enumerate(req.stages, 1)
+        )  # fmt: skip
+
+    def insert(self, con: object) -> None:
+        """Append the rows to ``con``'s ``spans``."""
+        for rows, cols in ((self.requests, _REQUEST_COLS), (self.stage_rows, _STAGE_COLS)):
+            if rows:
+                _insert(con, dict(zip(cols, map(list, zip(*rows, strict=True)), strict=True)), len(rows))
+
+
+def _insert(con: object, columns: dict[str, list[object]], n: int) -> None:
+    import pyarrow as pa
+
+    from stagescope.analysis.ingest.jaeger import SPAN_SCHEMA
+
+    arrays = [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type) for f in SPAN_SCHEMA]
+    try:
+        con.register("_triton_rows", pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA))  # type: ignore[attr-defined]
+        con.execute("INSERT INTO spans SELECT * FROM _triton_rows")  # type: ignore[attr-defined]
+    finally:
+        con.unregister("_triton_rows")  # type: ignore[attr-defined]

@@ -42,9 +42,7 @@ import orjson
 from stagescope import names as N
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
-from stagescope.analysis.ingest.jaeger import insert_rows
-from stagescope.analysis.ingest.spans import KIND_SERVER
-from stagescope.analysis.ingest.triton import Node, blank_row, build, request_fields, span_id, stage_rows
+from stagescope.analysis.ingest.triton import Node, SpanBuffer, build, children, span_id
 from stagescope.errors import UserError
 
 if TYPE_CHECKING:
@@ -117,14 +115,34 @@ def _nodes(doc: list[Any]) -> tuple[dict[int, Node], int]:
     """Triton traces by id, and the number of tensor objects skipped."""
     nodes: dict[int, Node] = {}
     tensors = 0
-    for i, obj in enumerate(doc):
-        if not isinstance(obj, dict):
+    for i, obj in enumerate(doc):  # written for speed: most entries are {"id", "timestamps": [one]}
+        if type(obj) is not dict:
             raise _Bad(f"entry {i + 1} is {type(obj).__name__}, not an object", i)
-        tid = _int(obj.get("id"))
-        if tid is None or tid < 0:
+        tid = obj.get("id")
+        if type(tid) is not int or tid < 0:
             raise _Bad(f"entry {i + 1} without an integer id (id {obj.get('id')!r})", i)
-        node = nodes.setdefault(tid, Node(tid))
-        known = False
+        node = nodes.get(tid)
+        if node is None:
+            node = nodes[tid] = Node(tid)
+        stamps = obj.get("timestamps")
+        if stamps is not None:
+            if type(stamps) is not list:
+                raise _Bad(f"trace {tid}: timestamps is not a list", i)
+            ts = node.ts
+            for t in stamps:
+                name = t.get("name") if type(t) is dict else None
+                ns = t.get("ns") if type(t) is dict else None
+                if type(name) is not str or type(ns) is not int or ns < 0:
+                    raise _Bad(f"trace {tid}: timestamp {t!r} is not a {{name, ns}} pair of a name and "
+                               "non-negative integer nanoseconds", i)  # fmt: skip
+                got = ts.get(name)
+                if got is None:
+                    ts[name] = [ns]
+                else:
+                    got.append(ns)
+            if len(obj) == 2:
+                continue
+        known = stamps is not None
         if "model_name" in obj:
             known = True
             if not isinstance(obj["model_name"], str):
@@ -137,18 +155,6 @@ def _nodes(doc: list[Any]) -> tuple[dict[int, Node], int]:
                 if _int(parent) is None:
                     raise _Bad(f"trace {tid}: parent_id {parent!r} is not an integer", i)
                 node.parent = parent or None
-        if "timestamps" in obj:
-            known = True
-            stamps = obj["timestamps"]
-            if not isinstance(stamps, list):
-                raise _Bad(f"trace {tid}: timestamps is not a list", i)
-            for t in stamps:
-                name = t.get("name") if isinstance(t, dict) else None
-                ns = _int(t.get("ns")) if isinstance(t, dict) else None
-                if not isinstance(name, str) or ns is None or ns < 0:
-                    raise _Bad(f"trace {tid}: timestamp {t!r} is not a {{name, ns}} pair of a name and "
-                               "non-negative integer nanoseconds", i)  # fmt: skip
-                node.add(name, ns)
         if "activity" in obj:
             known = True
             tensors += 1
@@ -174,38 +180,37 @@ def clock_offset(env: dict[str, str] | os._Environ[str] | None = None) -> int | 
 
 def triton_file_rows(
     data: bytes, file: str, mtime_ns: int, offset_ns: int | None = None
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[SpanBuffer, list[str]]:
     """Rows of the spans table for one Triton trace file, and warnings; raises :class:`UserError`
     (file:line) for bad input."""
     try:
         nodes, tensors = _nodes(_parse(data))
-        stamps = [t for n in nodes.values() for ts in n.ts.values() for t in ts]
-        if not stamps:
+        lows = [min(v) for n in nodes.values() for v in n.ts.values()]
+        if not lows:
             raise _Bad("no timestamps: traced at level TENSORS only? (stagescope needs TIMESTAMPS)")
-        placed = offset_ns if offset_ns is not None else mtime_ns - max(stamps)
-        if not MIN_NS <= min(stamps) + placed <= MAX_NS:
+        last = max(max(v) for n in nodes.values() for v in n.ts.values())
+        placed = offset_ns if offset_ns is not None else mtime_ns - last
+        if not MIN_NS <= min(lows) + placed <= MAX_NS:
             raise _Bad(f"timestamps do not place as Unix time with offset {placed} ns "
                        f"({N.ENV_TRITON_CLOCK_OFFSET_NS})")  # fmt: skip
     except _Bad as exc:
         pos = exc.pos if exc.pos is not None else (_entry_offset(data, exc.entry) if exc.entry is not None else 0)
         raise TritonFileError(file, data.count(b"\n", 0, pos) + 1, str(exc)) from None
-    rows: list[dict[str, Any]] = []
+    rows = SpanBuffer()
     orphans = inverted = 0
+    kids = children(nodes)  # type: ignore[arg-type]  # int keys are Hashable
     for tid, node in nodes.items():
         if node.parent is not None:
             orphans += node.parent not in nodes
             continue
-        req = build(nodes, tid)  # type: ignore[arg-type]  # int keys are Hashable
+        req = build(nodes, tid, kids)  # type: ignore[arg-type]  # int keys are Hashable
         if req is None:
             continue
         inverted += req.inverted
         trace_id = span_id(file, tid, "trace") + span_id(file, tid, "trace2")
         root = span_id(file, tid, "request")
-        row = blank_row(file, trace_id, root, "", N.TRITON_SPAN_ROOT, KIND_SERVER)
-        row.update(request_fields(req, placed), service=SERVICE)
-        rows.append(row)
-        rows.extend(stage_rows(req, file=file, trace_id=trace_id, request_span=root, service=SERVICE,
-                               offset_ns=placed))  # fmt: skip
+        rows.request(req, file=file, trace_id=trace_id, span=root, service=SERVICE, offset_ns=placed)
+        rows.stages(req, file=file, trace_id=trace_id, parent=root, service=SERVICE, offset_ns=placed)
     warnings = []
     if offset_ns is None:
         when = dt.datetime.fromtimestamp(mtime_ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -238,4 +243,4 @@ def load_triton_files(loader: TraceLoader, files: list[SniffedFile]) -> None:
             continue
         loader.files.append(FileSummary(str(f.path), "triton-trace"))
         loader.warnings.extend(warnings)
-        insert_rows(loader.con, rows)
+        rows.insert(loader.con)

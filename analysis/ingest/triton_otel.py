@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from stagescope import names as N
-from stagescope.analysis.ingest.jaeger import insert_rows
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_INTERNAL, KIND_SERVER
-from stagescope.analysis.ingest.triton import Node, build, request_fields, stage_rows
+from stagescope.analysis.ingest.triton import Node, SpanBuffer, build, request_fields
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.traces import TraceLoader
@@ -66,9 +65,10 @@ _UPDATE_SCHEMA = pa.schema([
 
 
 def _trace_requests(
-    spans: dict[str, dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str]]:
-    """For one trace's spans: stage rows, request-span updates and the spans to make INTERNAL."""
+    spans: dict[str, dict[str, Any]], stages: SpanBuffer
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """For one trace's spans: its stage rows (into ``stages``), request-span updates and the spans to
+    make INTERNAL."""
 
     def names(r: dict[str, Any]) -> list[str]:
         return r["ev_names"] or []
@@ -97,7 +97,6 @@ def _trace_requests(
         for name, ns in zip(names(r), r["ev_ns"] or [], strict=False):
             if ns is not None:
                 nodes[owner].add(name, ns)
-    stages: list[dict[str, Any]] = []
     updates: list[dict[str, Any]] = []
     internal: set[str] = set()
     for top in (sid for sid in models if model_parent[sid] is None):
@@ -115,10 +114,10 @@ def _trace_requests(
         if req_span["route"] is not None:
             fields["route"] = req_span["route"]
         updates.append({"trace_id": req_span["trace_id"], "span_id": req_sid, **fields})
-        stages.extend(stage_rows(req, file=req_span["file"], trace_id=req_span["trace_id"], request_span=req_sid,
-                                 service=req_span["service"]))  # fmt: skip
+        stages.stages(req, file=req_span["file"], trace_id=req_span["trace_id"], parent=req_sid,
+                      service=req_span["service"])  # fmt: skip
         internal.update(sid for sid in spans if req_sid in anc[sid] and spans[sid]["kind"] == KIND_SERVER)
-    return stages, updates, internal
+    return updates, internal
 
 
 def apply(loader: TraceLoader) -> None:
@@ -132,12 +131,11 @@ def apply(loader: TraceLoader) -> None:
         by_trace[r["trace_id"]][r["span_id"]] = r
     if not by_trace:
         return
-    stages: list[dict[str, Any]] = []
+    stages = SpanBuffer()
     updates: list[dict[str, Any]] = []
     internal: list[dict[str, str]] = []
     for tid, spans in by_trace.items():
-        s, u, i = _trace_requests(spans)
-        stages.extend(s)
+        u, i = _trace_requests(spans, stages)
         updates.extend(u)
         internal.extend({"trace_id": tid, "span_id": sid} for sid in i)
     if updates:
@@ -159,4 +157,4 @@ def apply(loader: TraceLoader) -> None:
             )
         finally:
             con.unregister("_triton_inner")
-    insert_rows(con, stages)
+    stages.insert(con)
