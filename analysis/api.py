@@ -179,6 +179,7 @@ def _analyze(
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
     targets, skipped = R.expand(con, R.restrict(_slos(slo), route))
     counters = _server_counters(con)
+    warns += counters.pop("warnings", [])
     reports = []
     for i, target in enumerate(targets):
         reports.append(_analyze_one(con, dataset, target, window, counters))
@@ -313,9 +314,10 @@ def _unstaged(
 
 def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Mean queue / compute (Triton) and queue / prefill / decode (vLLM) time per request from the
-    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters."""
+    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters. Under
+    ``warnings``: where Triton's traces hold far fewer requests than its counters (its trace rate)."""
     try:
-        from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
+        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown, vllm_stage_means
     except ImportError:  # pragma: no cover - the ingest part ships with the package
         return {}
     out: dict[str, Any] = {}
@@ -326,6 +328,7 @@ def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         return {}
     if triton:
         out["triton"] = triton
+        out["warnings"] = trace_coverage(con, triton)  # popped by the caller: report warnings
     if vllm:
         out["vllm"] = vllm
     return out

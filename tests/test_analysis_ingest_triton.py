@@ -152,6 +152,13 @@ def test_real_queue_bound_incident(capture: str) -> None:
     means = _stage_means(ds)
     assert means[N.STAGE_QUEUE] == pytest.approx(row["queue_ms"], rel=0.10)
     assert means[N.STAGE_COMPUTE] == pytest.approx(row["compute_infer_ms"], rel=0.10)
+    # the trace file holds every 4th request (rate=4); in OpenTelemetry mode the client's traceparent
+    # made Triton trace them all: only the first says that rates read from the traces are too low
+    coverage = [w for w in report["warnings"] if "requests its counters count" in w]
+    if capture == "trace-file":
+        assert row["traced_requests"] == 617 and coverage and "617 of the 2,468" in coverage[0] and "4.0x" in coverage[0]
+    else:
+        assert row["traced_requests"] == 2468 and not coverage
     ds.close()
 
 

@@ -28,7 +28,7 @@ import duckdb
 
 from stagescope import names as N
 
-__all__ = ["triton_breakdown", "vllm_stage_means"]
+__all__ = ["trace_coverage", "triton_breakdown", "vllm_stage_means"]
 
 _TRITON_PARTS = {
     "queue": N.TRITON_QUEUE_DURATION_US,
@@ -116,6 +116,37 @@ def triton_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
             row["first_responses"] = inc[f"{first}_count"]
             row["first_response_ms"] = _per_request(inc.get(f"{first}_sum"), inc[f"{first}_count"], 1.0)
         out.append(row)
+    return out
+
+
+#: Share of the counted requests the traces must hold before rates read from traces are trusted.
+COVERAGE = 0.9
+
+
+def trace_coverage(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> list[str]:
+    """Add ``traced_requests`` (Triton requests of that model in ``requests``) to Triton counter rows
+    and say where the traces hold much fewer requests than the counters count: Triton traces every
+    N-th request (``--trace-config rate=N``, 1,000 by default), so rates read from the traces (the
+    scale-out model's arrival rate) are N times too low; per-request means are not affected."""
+    try:
+        traced = dict(
+            con.execute(
+                f"SELECT model, count(*) FROM requests WHERE name = '{N.TRITON_SPAN_ROOT}' GROUP BY model"
+            ).fetchall()
+        )
+    except duckdb.Error:
+        return []
+    out = []
+    for r in rows:
+        got = traced.get(r["model"])
+        r["traced_requests"] = got
+        n = r.get("requests")
+        if got and n and got < COVERAGE * n:
+            out.append(
+                f"Triton {r['model']}: the traces hold {got:,} of the {n:,.0f} requests its counters count "
+                f"({got / n:.0%}: Triton's trace rate, or traces covering less time than the counters); rates "
+                f"read from the traces, such as the scale-out model's arrivals, are {n / got:.1f}x too low"
+            )
     return out
 
 
