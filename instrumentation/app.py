@@ -25,7 +25,9 @@ What it installs:
   gunicorn), at interpreter exit, and on ``Instrumentation.shutdown()``, every kept span of the
   requests answered so far is written or sent, for at most ``shutdown_timeout_s`` (argument, else
   ``$STAGESCOPE_SHUTDOWN_TIMEOUT_S``, else 5 s); what is left then is counted (``reason="shutdown"``)
-  and logged once (see :mod:`stagescope.instrumentation.lifecycle`).
+  and logged once (see :mod:`stagescope.instrumentation.lifecycle`);
+* with ``max_custom_stages``, the process's cap of a team's own stage names (else
+  ``$STAGESCOPE_MAX_CUSTOM_STAGES``, else 32; see :mod:`~stagescope.instrumentation.stagenames`).
 
 Idempotent and symmetric: instrumenting an instrumented app returns the existing handle;
 ``uninstrument_app`` removes the middleware, the metrics route and (otel-fastapi mode) the stock
@@ -62,6 +64,7 @@ from stagescope.instrumentation.pipeline import SpanPipeline, deliver_to_provide
 from stagescope.instrumentation.sampling import SamplingPolicy
 from stagescope.instrumentation.sink import JsonLinesSpanExporter
 from stagescope.instrumentation.spanqueue import QueuedSpanExporter
+from stagescope.instrumentation.stagenames import configure as configure_stage_names
 from stagescope.instrumentation.tracing import SpanBuilder
 from stagescope.names import (
     DROP_SHUTDOWN,
@@ -205,6 +208,7 @@ def instrument_app(
     record_hook: RecordHook | None = None,
     otel_fastapi_options: Mapping[str, Any] | None = None,
     shutdown_timeout_s: float | None = None,
+    max_custom_stages: int | None = None,
 ) -> Instrumentation:
     """Instrument ``app``; see the module docstring. ``mode``: argument, ``$STAGESCOPE_INSTRUMENTATION_MODE``,
     ``"fast"``. ``models``: argument, ``$STAGESCOPE_MODELS``. ``record_hook(record)`` runs once per finished
@@ -216,6 +220,7 @@ def instrument_app(
         return existing
     mode = _resolve_mode(mode)
     shutdown_timeout = resolve_shutdown_timeout(shutdown_timeout_s)
+    configure_stage_names(max_custom_stages)
     if models is None and os.environ.get(ENV_MODELS, "").strip():
         models = [m.strip() for m in os.environ[ENV_MODELS].split(",") if m.strip()]
     policy = SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample)

@@ -11,7 +11,8 @@ Spans per kept request: one SERVER span named ``"{METHOD} {route template}"`` (j
 no route matched, as opentelemetry-instrumentation-fastapi names it) with the same HTTP semantic
 convention attributes that instrumentation gives (old names by default, new or both with
 ``OTEL_SEMCONV_STABILITY_OPT_IN=http`` / ``http/dup``), plus one INTERNAL child span per stage
-interval named after the stage. Times: the record's monotonic readings through ``to_wall_ns``.
+interval named after the stage, with ``stagescope.stage`` (its name) and ``stagescope.stage.kind`` (its
+kind). Times: the record's monotonic readings through ``to_wall_ns``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from stagescope.names import (
     ATTR_QUEUE_DEPTH,
     ATTR_SAMPLED_REASON,
     ATTR_STAGE,
+    ATTR_STAGE_KIND,
     ATTR_TOKEN_GAPS,
     GENAI_USAGE_INPUT_TOKENS,
     GENAI_USAGE_OUTPUT_TOKENS,
@@ -327,7 +329,7 @@ class SpanBuilder:
                     context=SpanContext(rec.trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED),
                     parent=parent,
                     resource=self.resource,
-                    attributes={ATTR_STAGE: iv.stage},
+                    attributes={ATTR_STAGE: iv.stage, ATTR_STAGE_KIND: iv.stage_kind},
                     kind=SpanKind.INTERNAL,
                     start_time=to_wall_ns(iv.start_ns),
                     end_time=to_wall_ns(iv.end_ns),
@@ -371,7 +373,10 @@ class SpanBuilder:
                     "kind": 1,  # INTERNAL
                     "startTimeUnixNano": str(to_wall_ns(iv.start_ns)),
                     "endTimeUnixNano": str(to_wall_ns(iv.end_ns)),
-                    "attributes": [{"key": ATTR_STAGE, "value": {"stringValue": iv.stage}}],
+                    "attributes": [
+                        {"key": ATTR_STAGE, "value": {"stringValue": iv.stage}},
+                        {"key": ATTR_STAGE_KIND, "value": {"stringValue": iv.stage_kind}},
+                    ],
                     "status": {},
                 }
             )

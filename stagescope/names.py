@@ -78,6 +78,87 @@ STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
 }
 
 # --------------------------------------------------------------------------------------------------
+# Stage kinds: what a stage's time *is*. A team's own stage ("rerank", "tokenize", "retrieve") names
+# one of these, and the analysis chooses its lever rules by kind, not by name. Built-in stages imply
+# theirs (STAGE_KINDS); a custom stage without a kind is KIND_UNKNOWN (no lever is guessed for it).
+# --------------------------------------------------------------------------------------------------
+KIND_FETCH: Final = "fetch"
+KIND_CPU: Final = "cpu"
+KIND_BATCH_WAIT: Final = "batch_wait"
+KIND_QUEUE: Final = "queue"
+KIND_COMPUTE: Final = "compute"
+KIND_PREFILL: Final = "prefill"
+KIND_DECODE: Final = "decode"
+KIND_NETWORK: Final = "network"
+KIND_INGRESS: Final = "ingress"
+KIND_EGRESS: Final = "egress"
+KIND_COLD_START: Final = "cold_start"
+KIND_UNKNOWN: Final = "unknown"  # named by no one: never passed as kind=, only reported
+
+#: The kinds a stage may be given (``stagescope.stage(name, kind=...)``), in vocabulary order.
+KINDS: Final[tuple[str, ...]] = (
+    KIND_FETCH,
+    KIND_CPU,
+    KIND_BATCH_WAIT,
+    KIND_QUEUE,
+    KIND_COMPUTE,
+    KIND_PREFILL,
+    KIND_DECODE,
+    KIND_NETWORK,
+    KIND_INGRESS,
+    KIND_EGRESS,
+    KIND_COLD_START,
+)
+KIND_DESCRIPTIONS: Final[dict[str, str]] = {
+    KIND_FETCH: "reading data the request needs from another store or service (feature store, cache, "
+    "vector index, retrieval): cut by caching",
+    KIND_CPU: "CPU work on the request path (tokenize, decode, resize, validate, format the answer): "
+    "cut by moving it to a worker pool",
+    KIND_BATCH_WAIT: "waiting for a dynamic batch to fill: cut by capping the batch wait",
+    KIND_QUEUE: "waiting for a free executor or accelerator: cut by scaling out (or cheaper requests)",
+    KIND_COMPUTE: "model execution on the accelerator (a forward pass, a reranker, an embedding): cut by "
+    "quantizing, compiling or caching results",
+    KIND_PREFILL: "LLM prompt processing up to the first token: cut by chunked prefill",
+    KIND_DECODE: "LLM token generation after the first token: cut by a smaller running batch or "
+    "speculative decoding",
+    KIND_NETWORK: "time between client and server (network, proxies): cut by smaller responses",
+    KIND_INGRESS: "the server receiving and decoding the request (reading the body, parsing it into "
+    "tensors, copying inputs to the device): cut by smaller requests",
+    KIND_EGRESS: "serializing, copying out and writing the response: cut by smaller responses",
+    KIND_COLD_START: "waiting for a model load: cut by prewarming",
+    KIND_UNKNOWN: "a stage whose kind nobody named: the analysis reports it and chooses no lever",
+}
+#: The kind each built-in stage implies.
+STAGE_KINDS: Final[dict[str, str]] = {
+    STAGE_NETWORK: KIND_NETWORK,
+    STAGE_FEATURE_FETCH: KIND_FETCH,
+    STAGE_PREPROCESS: KIND_CPU,
+    STAGE_BATCH_WAIT: KIND_BATCH_WAIT,
+    STAGE_QUEUE: KIND_QUEUE,
+    STAGE_COMPUTE: KIND_COMPUTE,
+    STAGE_PREFILL: KIND_PREFILL,
+    STAGE_DECODE: KIND_DECODE,
+    STAGE_POSTPROCESS: KIND_CPU,
+    STAGE_EGRESS: KIND_EGRESS,
+    STAGE_COLD_START: KIND_COLD_START,
+    STAGE_RECEIVE: KIND_INGRESS,
+    STAGE_DESERIALIZE: KIND_INGRESS,
+    STAGE_COMPUTE_INPUT: KIND_INGRESS,
+    STAGE_COMPUTE_OUTPUT: KIND_EGRESS,
+}
+#: Stage names past a process's cap of custom names are recorded under this one name (their kind is
+#: kept), and counted in METRIC_STAGES_FOLDED.
+STAGE_OVERFLOW: Final = "other_stage"
+#: Custom stage names a process admits before folding the rest into STAGE_OVERFLOW (explicit
+#: argument, then ENV_MAX_CUSTOM_STAGES, then this). Built-in stages never count against it.
+DEFAULT_MAX_CUSTOM_STAGES: Final = 32
+#: A stage name is a label value: 1 to 64 characters of letters, digits and ``_ . : -``, starting
+#: with a letter or digit (``rerank``, ``safety-filter``, ``retrieve.v2``).
+STAGE_NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
+#: Names a team cannot give a stage: the analysis' own and the overflow name.
+RESERVED_STAGE_NAMES: Final[frozenset[str]] = frozenset({UNATTRIBUTED, STAGE_OVERFLOW})
+
+# --------------------------------------------------------------------------------------------------
 # Levers: no-retrain fixes the analysis can recommend.
 # --------------------------------------------------------------------------------------------------
 LEVER_CACHE_FEATURES: Final = "cache-features"
@@ -136,7 +217,7 @@ STATUSES: Final[tuple[str, ...]] = (STATUS_BREACHED, STATUS_NO_DATA, STATUS_MET)
 METRIC_REQUEST_DURATION: Final = (
     "stagescope_request_duration_seconds"  # histogram: route, model, status_class
 )
-METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, model
+METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, kind, model
 METRIC_QUEUE_DEPTH: Final = "stagescope_queue_depth"  # gauge: model; requests waiting (batch_wait + queue)
 METRIC_INFLIGHT: Final = "stagescope_inflight_requests"  # gauge: requests being served right now
 METRIC_BATCH_SIZE: Final = "stagescope_batch_size"  # histogram: model; items per executed batch
@@ -147,6 +228,7 @@ METRIC_REQUESTS_SHED: Final = "stagescope_requests_shed_total"  # counter: route
 METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; model (re)loads
 METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
 METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
+METRIC_STAGES_FOLDED: Final = "stagescope_stages_folded_total"  # counter: stage intervals past the name cap
 # What a model-changing lever would do, measured by the service when it loads (service/variants.py):
 # labels model, variant (VARIANT_SERVING or the lever's name) and, for batch times, rows.
 METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
@@ -301,6 +383,7 @@ LABEL_ROUTE: Final = "route"  # route template, never the raw path
 LABEL_MODEL: Final = "model"  # from a configured set; others fold into OTHER_MODEL
 LABEL_STATUS_CLASS: Final = "status_class"  # "2xx", "4xx", "5xx", STATUS_CLASS_CLIENT_CLOSED
 LABEL_STAGE: Final = "stage"
+LABEL_KIND: Final = "kind"  # the stage's kind (a function of the stage name: adds no series)
 LABEL_EXPORTER: Final = "exporter"
 LABEL_REASON: Final = "reason"
 LABEL_GPU: Final = "gpu"
@@ -334,6 +417,7 @@ DROP_REASONS: Final[tuple[str, ...]] = (
 #: Server span name: "{method} {route template}" as opentelemetry-instrumentation-fastapi names it.
 SERVER_SPAN_NAME_FORMAT: Final = "{method} {route}"
 ATTR_STAGE: Final = "stagescope.stage"  # on stage spans: the stage name
+ATTR_STAGE_KIND: Final = "stagescope.stage.kind"  # on stage spans: the stage's kind (KINDS)
 ATTR_BATCH_SIZE: Final = "stagescope.batch_size"  # on the server span: size of the batch it ran in
 ATTR_INPUT_HASH: Final = "stagescope.input_hash"  # hash of the input, never the content
 ATTR_MODEL: Final = "stagescope.model"  # folded model label value
@@ -449,5 +533,6 @@ ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
 #: Unix time minus steady-clock time on the Triton host, in ns, for placing Triton trace files
 #: (their timestamps are on the server's steady clock; see analysis/ingest/triton_file.py).
 ENV_TRITON_CLOCK_OFFSET_NS: Final = "STAGESCOPE_TRITON_CLOCK_OFFSET_NS"
+ENV_MAX_CUSTOM_STAGES: Final = "STAGESCOPE_MAX_CUSTOM_STAGES"
 
 __all__ = sorted(name for name in dir() if name.isupper())

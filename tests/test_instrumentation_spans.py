@@ -141,7 +141,9 @@ def test_span_tree_and_attributes_join_the_callers_trace() -> None:
         assert child.parent is not None and child.parent.span_id == server.context.span_id
         assert child.context is not None and child.context.trace_id == server.context.trace_id
         assert child.kind == SpanKind.INTERNAL
-        assert dict(child.attributes or {}) == {names.ATTR_STAGE: child.name}
+        assert dict(child.attributes or {}) == {
+            names.ATTR_STAGE: child.name, names.ATTR_STAGE_KIND: names.STAGE_KINDS[child.name]
+        }
         assert child.start_time is not None and child.end_time is not None
         assert server.start_time <= child.start_time <= child.end_time <= server.end_time
     compute = children[1]
