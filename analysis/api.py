@@ -26,7 +26,14 @@ from stagescope.analysis import levers as L
 from stagescope.analysis import routes as R
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
-from stagescope.names import ATTR_STAGE, STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
+from stagescope.names import (
+    ATTR_STAGE,
+    KIND_UNKNOWN,
+    STATUS_BREACHED,
+    STATUS_MET,
+    STATUS_NO_DATA,
+    UNATTRIBUTED,
+)
 from stagescope.slo import SLO, parse_slo
 
 __all__ = ["analyze", "connection", "frames"]
@@ -252,6 +259,7 @@ def _analyze_one(
         )
         return report
     attr = A.attribute(con, view, breached, qs)
+    warns += attr.warnings
     if attr.baseline_n == 0:
         warns.append(
             "no baseline: every sample is over the threshold, so no normal request to compare the stages "
@@ -260,6 +268,7 @@ def _analyze_one(
     ev = E.gather(con, view, attr)
     ev["shares"] = {r["stage"]: r["share"] for r in attr.rows}
     ev["excess"] = {r["stage"]: r["excess_ms"] for r in attr.rows}
+    ev["kinds"] = dict(attr.kinds)
     ev["batch_wait_cap_ms"] = C.batch_wait_cap_ms(ev)
     cf = C.stage_counterfactuals(con, view, attr, ev)
     for r in attr.rows:
@@ -270,7 +279,7 @@ def _analyze_one(
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
-    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model")}
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
         report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
     if breached:
@@ -354,32 +363,39 @@ def _levers(
     for r in attr.rows:
         if r["share"] < MIN_LEVER_SHARE:
             continue
-        for bad, bad_why in L.rejected(r["stage"], ev):  # failed the quality gate: listed, never chosen
+        kind = r.get("kind")
+        for bad, bad_why in L.rejected(r["stage"], kind, ev):  # failed the quality gate: listed, never chosen
             pred, model = C.lever_prediction(con, view, attr, ev, bad, r["stage"])
-            out.append({"lever": bad, "stage": r["stage"], "predicted_p99_ms": pred,
+            out.append({"lever": bad, "stage": r["stage"], "kind": kind, "predicted_p99_ms": pred,
                         "rationale": f"{bad_why} Predicted: {model}.", "acceptable": False,
                         "quality": L.quality(ev, bad)})  # fmt: skip
-        chosen = L.choose(r["stage"], ev)
+        chosen = L.choose(r["stage"], kind, ev)
         if chosen is None:
             continue
         lever, why = chosen
+        entry = {"lever": lever, "stage": r["stage"], "kind": r.get("kind")}
         if lever is None:
-            out.append({"lever": None, "stage": r["stage"], "predicted_p99_ms": None, "rationale": why})
+            out.append({**entry, "predicted_p99_ms": None, "rationale": why})
             continue
         pred, model = C.lever_prediction(con, view, attr, ev, lever, r["stage"])
-        entry: dict[str, Any] = {"lever": lever, "stage": r["stage"], "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
+        done: dict[str, Any] = {**entry, "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
         if (q := L.quality(ev, lever)) is not None:
-            entry.update(acceptable=True, quality=q)
-        out.append(entry)
+            done.update(acceptable=True, quality=q)
+        out.append(done)
     return out
 
 
 def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stage and lever the report leads with: time in no stage when it is most of the excess;
+    else the first stage (largest share first) with a lever, unless a stage of unknown kind comes
+    before it (then that stage, with no lever: name its kind first)."""
     shares = {r["stage"]: r["share"] for r in attr.rows}
     if shares.get(UNATTRIBUTED, 0.0) > UNATTRIBUTED_VERDICT_SHARE:
         return {"stage": UNATTRIBUTED, "lever": None}
     for lv in levers:
-        if lv["lever"] is not None and lv.get("acceptable") is not False:
+        if (lv["lever"] is not None and lv.get("acceptable") is not False) or (
+            lv["lever"] is None and lv.get("kind") == KIND_UNKNOWN
+        ):
             return {"stage": lv["stage"], "lever": lv["lever"]}
     return None
 

@@ -19,7 +19,9 @@ Per-request split (table ``ss_breakdown``, one row per request, milliseconds):
 Tail and baseline: the tail is the samples above the threshold when the SLO is breached (else those
 at or above the SLO quantile); the baseline is the samples at or below the median and under the
 threshold. ``excess_ms`` is a stage's mean in the tail minus its mean in the baseline; ``share`` is
-its part of the summed positive excess (negative excess shares 0).
+its part of the summed positive excess (negative excess shares 0). Each row names the stage's kind
+(:mod:`~stagescope.analysis.kinds`): a team's own stage is a stage of its own, and its kind decides
+the lever rules that apply to it.
 
 For inter-token SLOs the samples are gaps, all of them decode time: the excess is the tail gaps' mean
 minus the baseline gaps' mean and goes to ``decode``; the evidence (running batch) is in levers.
@@ -40,8 +42,16 @@ import duckdb
 
 from stagescope.analysis.breach import SLIView, network_expr, sql_str
 from stagescope.analysis.keys import REQUEST_KEY, has_request_keys, trace_ref
+from stagescope.analysis.kinds import StageCatalog, kinds_of_rows, row_kind_sql, stage_catalog
 from stagescope.analysis.queueing import uniform_rank_sql
-from stagescope.names import STAGE_DECODE, STAGE_NETWORK, STAGES, UNATTRIBUTED
+from stagescope.names import (
+    KIND_DECODE,
+    KIND_NETWORK,
+    STAGE_DECODE,
+    STAGE_NETWORK,
+    STAGE_OVERFLOW,
+    UNATTRIBUTED,
+)
 
 __all__ = ["Attribution", "attribute", "build_breakdown", "stage_columns"]
 
@@ -75,6 +85,14 @@ class Attribution:
     #: :data:`BATCH_FIT` and, for per-request SLIs, :data:`SAMPLE_FACTS` and ``requests`` (the SLO's
     #: requests whether or not they have a sample), over every sample, for the evidence.
     facts: dict[str, Any] = field(default_factory=dict)
+    #: stage -> kind (analysis.kinds), for every stage in ``columns`` and ``rows``
+    kinds: dict[str, str] = field(default_factory=dict)
+    #: what the report should say about the stages read (several kinds for one name, names folded)
+    warnings: list[str] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[str]:
+        """The stages of the breakdown (with a column) of ``kind``."""
+        return [s for s in self.columns if self.kinds.get(s) == kind]
 
     @property
     def complete(self) -> bool:
@@ -87,18 +105,12 @@ class Attribution:
 
 
 def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict[str, str]:
-    """Stage name -> safe column name, known stages first in vocabulary order, then any others.
+    """Stage name -> safe column name, known stages first in vocabulary order, then any others
+    (past analysis.kinds.MAX_STAGES names, the rest as one overflow stage).
 
     ``network`` is left out: it lies outside the server-side interval and is computed per request
     from the client and server durations instead."""
-    found = [
-        r[0]
-        for r in con.execute(
-            f"SELECT DISTINCT stage FROM {table} WHERE stage IS NOT NULL AND stage <> {sql_str(STAGE_NETWORK)}"
-        ).fetchall()
-    ]
-    ordered = [s for s in STAGES if s in found] + sorted(s for s in found if s not in STAGES)
-    return {s: f"c{i}" for i, s in enumerate(ordered)}
+    return stage_catalog(con, table).columns
 
 
 #: Least-squares fit of each SLI sample on its request's batch size (for streams the running decode
@@ -156,15 +168,24 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
 
 
 def build_breakdown(
-    con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None = None
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    subset: str | None = None,
+    catalog: StageCatalog | None = None,
 ) -> dict[str, str]:
     """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
 
     ``subset`` (a condition on ``value_ms`` and ``start_unix_ns``) limits the requests broken down;
-    the verdict uses it on large inputs to break down a stratified sample (see :func:`_subset`)."""
-    cols = stage_columns(con)
+    the verdict uses it on large inputs to break down a stratified sample (see :func:`_subset`).
+    ``catalog``: the stages to break down into (default: read from ``stages``); its ``kinds`` are set
+    from the stage rows of the requests broken down (analysis.kinds.kinds_of_rows)."""
+    cat = stage_catalog(con) if catalog is None else catalog
+    cols = cat.columns
+    folded = (
+        f" ELSE {list(cols).index(STAGE_OVERFLOW)}" if cat.folded and STAGE_OVERFLOW in cols else ""
+    )
     case = (
-        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + " END"
+        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + f"{folded} END"
         if cols
         else "NULL::INTEGER"
     )
@@ -179,7 +200,7 @@ def build_breakdown(
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_st AS
         SELECT r.tk, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
-               r.t1 - r.t0 AS span
+               r.t1 - r.t0 AS span, {row_kind_sql(con)} AS kind
         FROM stages s JOIN ss_req r ON s.{trace_ref(con)} = r.trace_ref{own}
         WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
     )
@@ -235,6 +256,7 @@ def build_breakdown(
                greatest(b.value_ms - ({total}), 0) AS unattributed, b.network, {", ".join(REQUEST_ATTRIBUTES)}
         FROM b"""
     )
+    kinds_of_rows(con, cat, "ss_st")
     for t in ("ss_fast", "ss_sweep", "ss_st"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
     return cols
@@ -253,7 +275,9 @@ def _conditions(
 
 
 def _rows(
-    excess: dict[str, float | None], means: dict[str, tuple[float | None, float | None]]
+    excess: dict[str, float | None],
+    means: dict[str, tuple[float | None, float | None]],
+    kinds: dict[str, str],
 ) -> list[dict[str, Any]]:
     pos = sum(max(v or 0.0, 0.0) for v in excess.values())
     rows: list[dict[str, Any]] = []
@@ -266,6 +290,7 @@ def _rows(
         rows.append(
             {
                 "stage": stage,
+                "kind": kinds.get(stage),
                 "excess_ms": round(ex, 3),
                 "share": round(max(ex, 0.0) / pos, 4) if pos > 0 else 0.0,
                 "tail_mean_ms": None if tail_m is None else round(tail_m, 3),
@@ -306,11 +331,15 @@ def attribute(
     facts = {k: got[k] for k in (*BATCH_FIT, *SAMPLE_FACTS, "requests") if k in got}
     if not view.per_request:
         ex = None if tm is None or bm is None else tm - bm
-        rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)})
-        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm, facts=facts)
+        kinds = {STAGE_DECODE: KIND_DECODE}
+        rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)}, kinds)
+        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm, facts=facts, kinds=kinds)
     sizes = tuple(got[f"stratum{i}"] for i in range(3)) if lower is not None else ()
     sub = None if lower is None else _subset(lower, base, sizes, got["slowest_min"])
-    cols = build_breakdown(con, view, sub.condition if sub else None)
+    cat = stage_catalog(con)
+    cols = build_breakdown(con, view, sub.condition if sub else None, cat)
+    kinds = {s: cat.kinds[s] for s in cols}
+    kinds[STAGE_NETWORK] = KIND_NETWORK
     extra = None
     if sub is not None and sub.forced:  # the slowest requests outside the sample: kept apart
         extra = "ss_breakdown_extra"
@@ -337,7 +366,7 @@ def attribute(
         means[stage] = (t, b)
         excess[stage] = None if t is None or b is None else t - b
     return Attribution(
-        _rows(excess, means),
+        _rows(excess, means, kinds),
         int(tn),
         int(bn),
         tail,
@@ -352,6 +381,8 @@ def attribute(
         extra,
         weight,
         facts,
+        kinds,
+        cat.warnings,
     )
 
 

@@ -43,6 +43,10 @@ Model (stated, with its limits):
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
     the step in progress and their own step, each carrying one 256-token chunk.
 
+Every model reads the stages by **kind** (analysis.kinds), not by name: "compute" is the time in
+the stages of kind compute (the batcher's ``compute``, a team's ``rerank``), "queue" that of kind
+queue, and so on; the stage a lever is predicted for is the one whose excess it answers.
+
 Limits: the model moves time within a request and keeps arrivals fixed; it cannot see effects the
 trace does not show (a cache's hit ratio on future traffic, a second executor's own warm-up), and for
 gap SLIs without per-gap data it works on per-request gap statistics.
@@ -75,13 +79,15 @@ __all__ = [
 MODEL_LEVERS: frozenset[str] = frozenset({N.LEVER_QUANTIZE, N.LEVER_COMPILE_RUNTIME})
 #: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
 CHUNK_TOKENS = 256
+#: Levers whose fallback model caps the stage's tail at its baseline quantile, with the kind of stage
+#: each is for.
 _CAP_TO_BASELINE: dict[str, str] = {
-    N.LEVER_CACHE_FEATURES: N.STAGE_FEATURE_FETCH,
-    N.LEVER_OFFLOAD_PREPROCESSING: N.STAGE_PREPROCESS,
-    N.LEVER_SHRINK_RESPONSE: N.STAGE_EGRESS,
-    N.LEVER_SHRINK_REQUEST: N.STAGE_RECEIVE,
-    N.LEVER_SCALE_OUT: N.STAGE_QUEUE,
-    N.LEVER_CHUNKED_PREFILL: N.STAGE_PREFILL,
+    N.LEVER_CACHE_FEATURES: N.KIND_FETCH,
+    N.LEVER_OFFLOAD_PREPROCESSING: N.KIND_CPU,
+    N.LEVER_SHRINK_RESPONSE: N.KIND_EGRESS,
+    N.LEVER_SCALE_OUT: N.KIND_QUEUE,
+    N.LEVER_CHUNKED_PREFILL: N.KIND_PREFILL,
+    N.LEVER_SHRINK_REQUEST: N.KIND_INGRESS,
 }
 
 
@@ -172,6 +178,14 @@ def _col(attr: Attribution, stage: str) -> str | None:
     return None if c is None else f"coalesce({c}, 0)"
 
 
+def _kind_col(attr: Attribution, kind: str) -> str | None:
+    """SQL for a request's time in the stages of ``kind`` (their columns summed), or None."""
+    cols = [f"coalesce({attr.columns[s]}, 0)" for s in attr.of_kind(kind)]
+    if not cols:
+        return None
+    return cols[0] if len(cols) == 1 else "(" + " + ".join(cols) + ")"
+
+
 def stage_counterfactuals(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any]
 ) -> dict[str, float | None]:
@@ -190,10 +204,17 @@ def stage_counterfactuals(
 
 
 def batch_wait_cap_ms(ev: dict[str, Any]) -> float:
-    """Recommended maximum batch wait (ms): a quarter of the baseline's typical compute time, between
-    1 and 10 ms. Waiting longer for a batch than a fraction of one batch's compute costs more latency
-    than the larger batch saves; 5 ms when the trace has no compute stage."""
-    comp = (ev.get("stage_quantiles", {}).get(N.STAGE_COMPUTE) or {}).get("baseline_p50_ms")
+    """Recommended maximum batch wait (ms): a quarter of the baseline's typical compute time (the
+    baseline p50s of the compute-kind stages, summed), between 1 and 10 ms. Waiting longer for a
+    batch than a fraction of one batch's compute costs more latency than the larger batch saves; 5 ms
+    when the trace has no compute stage."""
+    kinds = ev.get("kinds") or {N.STAGE_COMPUTE: N.KIND_COMPUTE}
+    quantiles = ev.get("stage_quantiles", {})
+    comp = sum(
+        float((quantiles.get(s) or {}).get("baseline_p50_ms") or 0.0)
+        for s, k in kinds.items()
+        if k == N.KIND_COMPUTE
+    )
     if not comp:
         return 5.0
     return round(min(10.0, max(1.0, 0.25 * float(comp))), 1)
@@ -216,21 +237,22 @@ def executor_model(
 ) -> dict[str, float] | None:
     """The executor as a queue: current executors (most batches computing at once), service time per
     request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
-    comp = attr.columns.get(N.STAGE_COMPUTE)
-    if comp is None:
+    compute_stages = attr.of_kind(N.KIND_COMPUTE)
+    if not compute_stages:
         return None
+    computing = "s.stage IN (" + ", ".join(sql_str(x) for x in compute_stages) + ")"
     # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
     # few of each batch's members and overstate the executor time per request)
     ref = trace_ref(con)
     reqs = f"(SELECT {ref} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
     row = con.execute(
         f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN {reqs} r USING ({ref}) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
+                       SEMI JOIN {reqs} r USING ({ref}) WHERE {computing}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
                (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE {ref} IN
-                                           (SELECT {ref} FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
+                                           (SELECT {ref} FROM stages s WHERE {computing}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
@@ -265,7 +287,7 @@ def _scale_out(
 
 
 def _offload(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, stage: str
 ) -> tuple[float | None, str] | None:
     p5 = _q(con, BREAKDOWN, col, 0.05, attr, part=True)
     if p5 is None:
@@ -299,7 +321,7 @@ def _offload(
         else f"the smallest with under {view.slo.error_budget:.1%} of requests waiting"
     )
     return pred, (
-        f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {model.servers} "
+        f"{stage} ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {model.servers} "
         f"workers, {how} at {arr.rate_per_s:.1f} req/s ({model.p_wait:.0%} of requests wait for a worker)"
     )
 
@@ -308,21 +330,17 @@ def _cap_batch_wait(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str
 ) -> tuple[float | None, str]:
     cap = batch_wait_cap_ms(ev)
-    comp = attr.columns.get(N.STAGE_COMPUTE)
+    comp = _kind_col(attr, N.KIND_COMPUTE)
     arr = Q.arrivals(con, view.arrivals)
     slope = None
     if comp is not None:
-        got = weighted_slope(
-            con, _with_requests("batch_size AS batch"), f"coalesce({comp}, 0)", "batch", attr.weight
-        )
+        got = weighted_slope(con, _with_requests("batch_size AS batch"), comp, "batch", attr.weight)
         slope = got if got is not None and got > 0 else None
     new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
     shrink = "0"
     note = ""
     if slope is not None and comp is not None:
-        shrink = (
-            f"least(coalesce({comp}, 0), {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
-        )
+        shrink = f"least({comp}, {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
         note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
     pred = _q(
         con,
@@ -367,8 +385,9 @@ def lever_prediction(
         got = _scale_out(con, view, attr, col)
         if got is not None:
             return got
-    if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and stage == N.STAGE_PREPROCESS:
-        got = _offload(con, view, attr, col)
+    kind = attr.kinds.get(stage)
+    if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and kind == N.KIND_CPU:
+        got = _offload(con, view, attr, col, stage)
         if got is not None:
             return got
     if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
@@ -392,11 +411,11 @@ def lever_prediction(
                 f"no effect model: the service exported no measured batch time for {lever} "
                 f"({N.METRIC_MODEL_VARIANT_BATCH}); measure after applying"
             )
-        comp = _col(attr, N.STAGE_COMPUTE) or "0"
-        queue = _col(attr, N.STAGE_QUEUE) or "0"
+        comp = _kind_col(attr, N.KIND_COMPUTE) or "0"  # compute- and queue-kind time (analysis.kinds)
+        queue = _kind_col(attr, N.KIND_QUEUE) or "0"
         ratio = QL.ratio_sql(curve, f"coalesce({comp}, 0)")
         new_compute = f"value_ms - {comp} * (1 - {ratio})"
-        m = executor_model(con, view, attr) if _col(attr, N.STAGE_QUEUE) is not None else None
+        m = executor_model(con, view, attr) if _kind_col(attr, N.KIND_QUEUE) is not None else None
         if m is not None:
             # the executors as a G/G/c queue (as for scale-out) whose service time shrinks by the
             # compute-weighted measured ratio; each request's queue time becomes that queue's wait
@@ -416,7 +435,8 @@ def lever_prediction(
                     "requests wait)",
                 )
         # no executor model (no compute spans to fit it on): M/M/1 relief at the measured utilization
-        tail_compute = (ev.get("stage_quantiles", {}).get(N.STAGE_COMPUTE) or {}).get("tail_q_ms")
+        tails = [(ev.get("stage_quantiles", {}).get(st) or {}).get("tail_q_ms") for st in attr.of_kind(N.KIND_COMPUTE)]
+        tail_compute = sum(float(t) for t in tails if t is not None) if any(t is not None for t in tails) else None
         f, rows = QL.nearest_ratio(curve, tail_compute)
         rho = _rho(ev)
         rho2 = rho * f
@@ -429,7 +449,7 @@ def lever_prediction(
     if lever == N.LEVER_CACHE_RESULTS:
         saved = (
             " + ".join(
-                c for c in (_col(attr, s) for s in (N.STAGE_BATCH_WAIT, N.STAGE_QUEUE, N.STAGE_COMPUTE)) if c
+                c for c in (_kind_col(attr, k) for k in (N.KIND_BATCH_WAIT, N.KIND_QUEUE, N.KIND_COMPUTE)) if c
             )
             or "0"
         )

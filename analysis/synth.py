@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from stagescope.names import ATTR_CLIENT, ATTR_STAGE
+from stagescope.names import ATTR_CLIENT, ATTR_STAGE, ATTR_STAGE_KIND, STAGE_KINDS
 
 __all__ = [
     "KIND_CLIENT",
@@ -154,7 +154,7 @@ def _write(f: IO[bytes] | gzip.GzipFile, spans: Iterable[SynthSpan], spans_per_l
 def request_spans(
     trace_id: str,
     start_ns: int,
-    stages: Sequence[tuple[str, float, float]],
+    stages: Sequence[tuple[str, float, float] | tuple[str, float, float, str | None]],
     *,
     duration_ms: float | None = None,
     name: str = "POST /v1/predict",
@@ -166,12 +166,14 @@ def request_spans(
 ) -> list[SynthSpan]:
     """One request as stagescope emits it: a SERVER span and one child span per stage.
 
-    ``stages`` holds ``(stage, offset_ms, duration_ms)`` relative to ``start_ns``. ``duration_ms``
+    ``stages`` holds ``(stage, offset_ms, duration_ms)`` relative to ``start_ns``, or ``(stage,
+    offset_ms, duration_ms, kind)``: the ``stagescope.stage.kind`` attribute (default: the built-in
+    stage's kind, none for other names; None: no kind attribute). ``duration_ms``
     defaults to the end of the last stage. With ``client_ms`` a load-generator CLIENT span
     (``stagescope.client=true``) becomes the root, starting half the network time earlier.
     """
     root_id = trace_id[:16]
-    end_ms = max((o + d for _, o, d in stages), default=0.0)
+    end_ms = max((st[1] + st[2] for st in stages), default=0.0)
     dur_ms = end_ms if duration_ms is None else duration_ms
     attrs: dict[str, AttrValue] = {"http.route": route, "http.response.status_code": status}
     attrs.update(attributes or {})
@@ -188,10 +190,15 @@ def request_spans(
         SynthSpan(trace_id, root_id, name, start_ns, start_ns + int(dur_ms * 1e6), parent, KIND_SERVER,
                   attrs, 2 if status >= 500 else 0, service)
     )  # fmt: skip
-    for i, (stage, off_ms, d_ms) in enumerate(stages):
+    for i, st in enumerate(stages):
+        stage, off_ms, d_ms = st[0], st[1], st[2]
+        kind = st[3] if len(st) > 3 else STAGE_KINDS.get(stage)
+        stage_attrs: dict[str, AttrValue] = {ATTR_STAGE: stage}
+        if kind is not None:
+            stage_attrs[ATTR_STAGE_KIND] = kind
         s0 = start_ns + int(off_ms * 1e6)
         out.append(
             SynthSpan(trace_id, f"{int(root_id, 16) ^ (i + 1):016x}", stage, s0, s0 + int(d_ms * 1e6),
-                      root_id, KIND_INTERNAL, {ATTR_STAGE: stage}, 0, service)
+                      root_id, KIND_INTERNAL, stage_attrs, 0, service)
         )  # fmt: skip
     return out

@@ -76,6 +76,7 @@ COPY (
         SELECT trace_id, trace_key, request_key, s0,
                unnest(['feature_fetch', 'feature_fetch', 'preprocess', 'batch_wait', 'queue', 'compute',
                        'postprocess', 'egress']) AS stage,
+               unnest(['fetch', 'fetch', 'cpu', 'batch_wait', 'queue', 'compute', 'cpu', 'egress']) AS kind,
                unnest([0, 0, c1, c2, c3, c4, c5, c6]) AS a_ms,
                unnest([ff, ff * ff2_share, c2, c3, c4, c5, c6, c6 + eg]) AS b_ms
         FROM b
@@ -167,7 +168,8 @@ def build(out: Path, n: int, keys: bool = True, routes: int = 1) -> dict[str, An
     con = duckdb.connect()
     con.execute("SELECT setseed(0.42)")
     step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
-    req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key") if keys else ("", "")
+    # with keys: the relations as the ingest writes them now (stage rows also carry their kind)
+    req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key, kind") if keys else ("", "")
     # one route, or ``routes`` of them taking requests in turn (each with the same slow feature store)
     route_sql = "'/v1/predict'" if routes <= 1 else f"'/v1/r' || (i % {int(routes)})"
     con.execute(

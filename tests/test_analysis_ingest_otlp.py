@@ -174,7 +174,7 @@ def test_relations_have_the_pinned_schema() -> None:
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),
-        ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"), ("request_key", "UBIGINT"),
+        ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"), ("request_key", "UBIGINT"), ("kind", "VARCHAR"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["token_gaps"]] == [("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE")]
     assert [(c[0], c[1]) for c in schema["metric_samples"]] == [

@@ -61,7 +61,7 @@ def test_any_name_with_a_kind_is_recorded_with_that_kind() -> None:
     ["", " rerank", "re rank", "rerank\n", "-rerank", "x" * 65, "rérank", "a/b", "a{b}", 'a"b', 7, None, b"rerank"],
 )
 def test_bad_names_are_programmer_errors(bad: object) -> None:
-    with pytest.raises(ValueError, match="stage name|a stage name is a string"):
+    with pytest.raises(ValueError, match=r"stage name|a stage name is a string"):
         stagescope.stage(bad)  # type: ignore[arg-type]
 
 

@@ -5,10 +5,15 @@
   load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
   Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
   trace that also holds a server span; their duration is ``client_duration_ms``.
-* ``stages``: every span carrying ``stagescope.stage``; for vLLM ``llm_request`` spans, the intervals
-  queue -> prefill -> decode laid end to end from the span start using ``gen_ai.latency.*``; and a
-  ``network`` row (client minus server duration) where a client span exists and the difference is
-  positive (placed at the client span's start; only its length is meaningful).
+* ``stages``: every span whose ``stagescope.stage`` is a non-empty string (any name: a team's own
+  stages are stages of their own), with its ``kind`` (see :mod:`~stagescope.analysis.kinds`: the
+  span's ``stagescope.stage.kind``, else the kind a built-in name implies, else ``unknown``); for
+  vLLM ``llm_request`` spans, the intervals queue -> prefill -> decode (kinds of the same names) laid
+  end to end from the span start using ``gen_ai.latency.*``; and a ``network`` row (kind network,
+  client minus server duration) where a client span exists and the difference is positive (placed
+  at the client span's start; only its length is meaningful). A span whose ``stagescope.stage`` is
+  there but not a non-empty string (``stage_invalid``) is neither a stage nor a request: its time is
+  unattributed, and the ingest names its file in a warning.
 * ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
 
 ``requests`` and ``stages`` also carry ``trace_key`` and ``request_key``, and ``requests``
@@ -28,6 +33,7 @@ from stagescope import names
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
 from stagescope.analysis.keys import key_sql, request_keys_sql
+from stagescope.analysis.kinds import kind_sql
 
 __all__ = ["REQUEST_COLUMNS", "derive_sql"]
 
@@ -81,7 +87,8 @@ SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
         f"""CREATE OR REPLACE TEMP TABLE _cand AS
 SELECT s.*, c.client_ms, coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
 FROM {spans} s LEFT JOIN _client c USING (trace_id)
-WHERE s.stage IS NULL AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
+WHERE s.stage IS NULL AND s.stage_invalid IS NULL
+  AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
   AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
         # server spans whose parent is another (non load-generator) span of the trace: downstream calls
         f"""CREATE OR REPLACE TEMP TABLE _inner AS
@@ -110,17 +117,18 @@ FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
-       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key,
+       {kind_sql("s.stage", "s.stage_kind")} AS kind
 FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
 WHERE s.stage IS NOT NULL
 UNION ALL
-SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key
+SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key, x.kind
 FROM (
   SELECT s.trace_id, r.request_key, unnest([
-    {{'stage': '{names.STAGE_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
-    {{'stage': '{names.STAGE_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
+    {{'stage': '{names.STAGE_QUEUE}', 'kind': '{names.KIND_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
+    {{'stage': '{names.STAGE_PREFILL}', 'kind': '{names.KIND_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
       'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
-    {{'stage': '{names.STAGE_DECODE}', 'st': s.start_ns + CAST((q + p) * 1e9 AS BIGINT),
+    {{'stage': '{names.STAGE_DECODE}', 'kind': '{names.KIND_DECODE}', 'st': s.start_ns + CAST((q + p) * 1e9 AS BIGINT),
       'en': s.start_ns + CAST((q + p + d) * 1e9 AS BIGINT)}}
   ]) AS x
   FROM (SELECT *, coalesce(queue_s, 0) AS q, coalesce(prefill_s, 0) AS p, coalesce(decode_s, 0) AS d
@@ -131,7 +139,7 @@ FROM (
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
        c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),
-       r.client_duration_ms - r.duration_ms, r.trace_key, r.request_key
+       r.client_duration_ms - r.duration_ms, r.trace_key, r.request_key, '{names.KIND_NETWORK}'
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS

@@ -22,13 +22,13 @@ import pyarrow as pa
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
-from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
 from stagescope.errors import UserError
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.traces import TraceLoader
 
-__all__ = ["SPAN_SCHEMA", "JaegerFileError", "insert_rows", "jaeger_rows", "load_jaeger_files"]
+__all__ = ["SPAN_SCHEMA", "JaegerFileError", "insert_rows", "jaeger_rows", "load_jaeger_files", "tag_value"]
 
 _KINDS = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 _HEX = re.compile(r"[0-9a-fA-F]{1,32}")
@@ -119,8 +119,16 @@ def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
     }
     row["events"] = _events(sp.get("logs"))
     for col, (typ, keys) in ATTR_COLUMNS.items():
-        row[col] = next((_convert(tags[k], typ) for k in keys if k in tags), None)
+        row[col] = next((tag_value(col, typ, tags[k]) for k in keys if k in tags), None)
     return row
+
+
+def tag_value(col: str, typ: str, v: Any) -> Any:
+    """A tag's value for spans-table column ``col`` of SQL type ``typ`` (the Python readers: Jaeger,
+    Zipkin): converted, or for STRING_ONLY / INVALID_COLUMNS a non-empty string / what it is instead."""
+    if col in STRING_ONLY or col in INVALID_COLUMNS:
+        return _string_or_not(v, col in INVALID_COLUMNS)
+    return _convert(v, typ)
 
 
 def _events(logs: Any) -> list[dict[str, Any]] | None:
@@ -137,6 +145,25 @@ def _events(logs: Any) -> list[dict[str, Any]] | None:
         if isinstance(name, str):
             out.append({"name": name, "ns": ts * 1000})
     return out or None
+
+
+def _string_or_not(v: Any, describe: bool) -> str | None:
+    """A non-empty string tag value (``describe``: None), else None (``describe``: what it is instead)."""
+    if isinstance(v, str) and v.strip():
+        return None if describe else v
+    if not describe:
+        return None
+    if isinstance(v, str):
+        return "an empty string"
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, int):
+        return f"the integer {v}"
+    if isinstance(v, float):
+        return f"the number {v}"
+    if isinstance(v, list):
+        return "a list"
+    return "a value that is not a string"
 
 
 def jaeger_rows(data: bytes, file: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
 
 __all__ = ["MAX_OBJECT_BYTES", "WRAPPERS", "otlp_spans_sql", "sql_str"]
 
@@ -70,9 +70,20 @@ def _hex_id(expr: str) -> str:
     )
 
 
-def _pivot(typ: str, p: str) -> str:
-    """Typed value of the attribute at list position ``p`` (flat value lists sv/iv/dv/bv, see below)."""
+def _pivot(typ: str, p: str, col: str = "") -> str:
+    """Typed value of the attribute at list position ``p`` (flat value lists sv/iv/dv/bv, see below);
+    ``col`` in STRING_ONLY / INVALID_COLUMNS: a non-empty string only / a description of any other value."""
     sv, iv, dv, bv = f"sv[{p}]", f"iv[{p}]", f"dv[{p}]", f"bv[{p}]"
+    if col in STRING_ONLY:
+        return f"CASE WHEN trim({sv}) <> '' THEN {sv} END"
+    if col in INVALID_COLUMNS:
+        return (
+            f"CASE WHEN trim({sv}) <> '' THEN NULL WHEN {sv} IS NOT NULL THEN 'an empty string' "
+            f"WHEN {iv} IS NOT NULL THEN 'the integer ' || {iv} "
+            f"WHEN {dv} IS NOT NULL THEN 'the number ' || CAST({dv} AS VARCHAR) "
+            f"WHEN {bv} IS NOT NULL THEN 'the boolean ' || CAST({bv} AS VARCHAR) "
+            f"WHEN a[{p}].value.arrayValue IS NOT NULL THEN 'a list' ELSE 'a value that is not a string' END"
+        )
     if typ == "VARCHAR":
         return f"coalesce({sv}, {iv}, CAST({dv} AS VARCHAR), CAST({bv} AS VARCHAR))"
     if typ == "BIGINT":
@@ -121,7 +132,7 @@ def otlp_spans_sql(
         for key in keys:
             values.append(f"list_position(ks, {sql_str(key)}) AS p{len(values)}")
             p = f"p{len(values) - 1}"
-            exprs.append(f"CASE WHEN {p} IS NOT NULL THEN {_pivot(typ, p)} END")
+            exprs.append(f"CASE WHEN {p} IS NOT NULL THEN {_pivot(typ, p, col)} END")
         pivots.append(f"{exprs[0] if len(exprs) == 1 else 'coalesce(' + ', '.join(exprs) + ')'} AS {col}")
     cols = ", ".join(SPAN_COLUMNS)
     return f"""

@@ -8,6 +8,11 @@ relations are derived (see :mod:`stagescope.analysis.ingest.derive`).
 ``{name, ns}`` pairs (Unix ns), NULL for a span without any: servers that put their timestamps in
 events (Triton's OpenTelemetry mode, see :mod:`stagescope.analysis.ingest.triton_otel`) are read
 from them.
+
+``stage`` holds ``stagescope.stage`` only where it is a non-empty string (any name: a team's own
+stages are stages of their own); where the attribute is there with another value (an integer, a
+boolean, a list, an empty string) ``stage`` is NULL and ``stage_invalid`` describes the value, so
+the ingest can name the file in a warning instead of analysing a made-up stage name.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from stagescope import names
 
 __all__ = [
     "ATTR_COLUMNS",
+    "INVALID_COLUMNS",
     "KIND_CLIENT",
     "KIND_SERVER",
     "SPAN_COLUMNS",
     "SPAN_TABLE_DDL",
+    "STRING_ONLY",
 ]
 
 KIND_INTERNAL: Final = 1
@@ -31,6 +38,8 @@ KIND_CLIENT: Final = 3
 #: Attribute pivots: column -> (SQL type, attribute keys in order of preference).
 ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "stage": ("VARCHAR", (names.ATTR_STAGE,)),
+    "stage_kind": ("VARCHAR", (names.ATTR_STAGE_KIND,)),
+    "stage_invalid": ("VARCHAR", (names.ATTR_STAGE,)),
     "route": ("VARCHAR", ("http.route",)),
     "http_status": ("BIGINT", ("http.response.status_code", "http.status_code")),
     "model": (
@@ -54,6 +63,12 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "itl_max_s": ("DOUBLE", (names.ATTR_ITL_MAX,)),
     "gaps_s": ("DOUBLE[]", (names.ATTR_TOKEN_GAPS,)),
 }
+
+#: Columns that hold their attribute only where it is a non-empty string (NULL for other values).
+STRING_ONLY: Final[frozenset[str]] = frozenset({"stage", "stage_kind"})
+#: Columns that describe their attribute's value ("the integer 5", "an empty string") where it is
+#: present but not a non-empty string, and are NULL otherwise.
+INVALID_COLUMNS: Final[frozenset[str]] = frozenset({"stage_invalid"})
 
 #: Column -> SQL type of the flat spans table, in order.
 SPAN_COLUMNS: Final[dict[str, str]] = {

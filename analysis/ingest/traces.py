@@ -23,6 +23,7 @@ from stagescope.analysis.ingest.files import SniffedFile, expand_paths, sniff
 from stagescope.analysis.ingest.otlp import MAX_OBJECT_BYTES, otlp_spans_sql, sql_str
 from stagescope.analysis.ingest.readers import READERS, SPAN_CONVENTIONS, known_formats
 from stagescope.errors import UserError
+from stagescope.names import ATTR_STAGE, ATTR_STAGE_KIND, KIND_UNKNOWN, KINDS
 
 __all__ = ["FileSummary", "TraceLoader"]
 
@@ -53,6 +54,12 @@ _BAD_ROW = (
     "OR start_ns IS NULL OR end_ns IS NULL "
     f"OR start_ns < {MIN_NS} OR start_ns > {MAX_NS} OR end_ns < start_ns OR end_ns > {MAX_NS})"
 )
+#: A stage span whose kind attribute is a string outside the vocabulary (read as unknown).
+_ODD_KIND = (
+    "stage IS NOT NULL AND stage_kind IS NOT NULL AND stage_kind NOT IN ("
+    + ", ".join(sql_str(k) for k in (*KINDS, KIND_UNKNOWN))
+    + ")"
+)
 
 
 class TraceLoader:
@@ -66,6 +73,9 @@ class TraceLoader:
         self.files: list[FileSummary] = []
         self._otlp: list[SniffedFile] = []  # files read through the OTLP SQL path
         self._wrapper: dict[str, str | None] = {}  # their envelope key (Jaeger v3: "result")
+        #: per file: (spans with a stage value that is not a non-empty string, an example of one,
+        #: stage spans with a kind outside the vocabulary, an example of one)
+        self._stage_values: dict[str, tuple[int, str | None, int, str | None]] = {}
 
     # ---------------------------------------------------------------- public
     def load(self, paths: Sequence[str | Path]) -> None:
@@ -157,8 +167,11 @@ class TraceLoader:
     def _file_stats(self) -> dict[str, tuple[int, bool, int]]:
         """Per file: spans, whether any carries stage information, spans with bad ids or times."""
         rows = self.con.execute(
-            f"SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}) FROM spans GROUP BY file"
+            f"""SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}), count(stage_invalid),
+                       any_value(stage_invalid), count_if({_ODD_KIND}), any_value(stage_kind) FILTER ({_ODD_KIND})
+                FROM spans GROUP BY file"""
         ).fetchall()
+        self._stage_values = {r[0]: (int(r[4]), r[5], int(r[6]), r[7]) for r in rows}
         return {r[0]: (int(r[1]), bool(r[2]), int(r[3])) for r in rows}
 
     def _validate_rows(self, bad_files: dict[str, int]) -> None:
@@ -216,3 +229,15 @@ class TraceLoader:
         for s in self.files:
             n, staged, _ = stats.get(s.path, (0, False, 0))
             s.spans, s.has_stage_info = n, staged
+            invalid, example, odd, odd_example = self._stage_values.get(s.path, (0, None, 0, None))
+            if invalid:
+                self.warnings.append(
+                    f"{s.path}: {invalid} spans whose {ATTR_STAGE} is not a non-empty string (e.g. {example}): "
+                    "not read as stages, so their time counts as unattributed"
+                )
+            if odd:
+                self.warnings.append(
+                    f"{s.path}: {odd} stage spans whose {ATTR_STAGE_KIND} is not a stage kind (e.g. "
+                    f"{odd_example!r}; kinds are {', '.join(KINDS)}): read as the kind their stage name "
+                    f"implies, else {KIND_UNKNOWN}"
+                )

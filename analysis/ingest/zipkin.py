@@ -28,7 +28,7 @@ import orjson
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
-from stagescope.analysis.ingest.jaeger import _convert, insert_rows
+from stagescope.analysis.ingest.jaeger import insert_rows, tag_value
 from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
 from stagescope.analysis.ingest.triton import span_id as derived_id
 from stagescope.errors import UserError
@@ -113,7 +113,7 @@ def _row(sp: Any, file: str) -> dict[str, Any] | None:
         events=events or None,
     )  # fmt: skip
     for col, (typ, keys) in ATTR_COLUMNS.items():
-        row[col] = next((_convert(tags[k], typ) for k in keys if k in tags), None)
+        row[col] = next((tag_value(col, typ, tags[k]) for k in keys if k in tags), None)
     return row
 
 
