@@ -73,7 +73,7 @@ def headline(report: dict[str, Any]) -> list[str]:
             f"Stage: {_stage_label(v['stage'], kind)} ({'n/a' if share is None else f'{share:.0%}'} of "
             f"the excess latency); lever: "
             + (v["lever"] or ("none until its kind is named" if unnamed else "measure first"))
-            + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev else "")
+            + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev and v["lever"] else "")
         )
     return lines + quality_lines(report)
 

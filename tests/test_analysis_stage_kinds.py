@@ -86,7 +86,7 @@ def test_a_stage_of_unknown_kind_gets_no_lever_and_says_so() -> None:
     assert "kind is unknown" in first["rationale"] and "stagescope.stage('rerank', kind=...)" in first["rationale"]
     assert "no lever is guessed" in first["rationale"]
     text = to_text(rep)
-    assert "Stage: rerank [unknown]" in text and "lever: none until its kind is named" in text
+    assert "Stage: rerank [unknown] (100% of the excess latency); lever: none until its kind is named\n" in text
     assert "- name its kind (rerank [unknown])" in text
 
 
