@@ -226,7 +226,8 @@ def test_the_verdict_names_rerank_with_a_lever_of_its_kind(run: Run) -> None:
     first = rep["levers"][0]
     assert (first["stage"], first["kind"]) == ("rerank", "compute")
     assert "rerank (kind compute) explains" in first["rationale"] and "in rerank" in first["rationale"]
-    assert first["predicted_p99_ms"] < rep["quantile_ms"]
+    # the team's service exports no measured variant of its model: quantize gets no made-up prediction
+    assert first["predicted_p99_ms"] is None and "no effect model" in first["rationale"]
     text = _analyze(run, "text")
     print(f"\n{run.served} requests served; stagescope analyze --slo 'p99<100ms':\n{text}")
     assert "Stage: rerank [compute]" in text and "lever: quantize" in text
