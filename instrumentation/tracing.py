@@ -89,10 +89,18 @@ class TracedRecord(RequestRecord):
     ``trace_id``/``span_id``: this request's trace and server span (ints); ``parent_span_id``: the
     caller's span from ``traceparent`` (0 when none); ``parent_sampled``: the caller's sampled flag
     (``None`` without ``traceparent``); ``scope``: the ASGI scope (HTTP attributes are read from it
-    only if the trace is kept); ``route_matched``: a route template matched.
+    only if the trace is kept); ``route_matched``: a route template matched. When another
+    instrumentation's span is the request span (see :mod:`stagescope.instrumentation.otel_context`):
+    ``live_span`` is it (until its attributes are set), ``live_sampled`` its sampled flag, and
+    ``emit_server`` says whether stagescope still writes a server span with its identity;
+    ``held_spans``: spans the request made that wait for its keep decision
+    (``RequestBoundSpanProcessor``).
     """
 
     __slots__ = (
+        "emit_server",
+        "held_spans",
+        "live_sampled",
         "live_span",
         "parent_sampled",
         "parent_span_id",
@@ -110,7 +118,10 @@ class TracedRecord(RequestRecord):
     scope: MutableMapping[str, Any] | None
     route_matched: bool
     sampled_reason: str | None
-    live_span: Any  # otel-fastapi mode: the instrumentor's server span
+    live_span: Any  # another instrumentation's server span, when it is the request span
+    live_sampled: bool
+    emit_server: bool
+    held_spans: list[ReadableSpan] | None
 
     @property
     def trace_id_hex(self) -> str:
