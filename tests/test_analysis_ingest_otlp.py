@@ -325,3 +325,41 @@ def test_concurrent_requests_of_one_trace_keep_their_own_stages(tmp_path: Path) 
     assert got[50.0]["feature_fetch"] == pytest.approx(45.0) and not got[50.0].get("compute")
     assert got[50.0]["unattributed"] == pytest.approx(5.0)
     ds.close()
+
+
+def test_one_request_per_span_id_whatever_instrumentation_wrote_it(tmp_path: Path) -> None:
+    """The identity rule: a request is one span id. (a) The same request span written by the service's
+    own tracer provider (FastAPI's span, no stage spans) and by stagescope's sink (the same ids, its
+    stage spans) is one request, broken down by its own stages; (b) a second SERVER span opened in the
+    same process directly under the request span (two instrumentations) is not a second request, and
+    the stages under it are the outer request's."""
+    user_side, sink_side, nested = [], [], []
+    for i in range(6):
+        tid, t0 = _tid(i), T0 + i * 10**9
+        ours = request_spans(tid, t0, [("feature_fetch", 1.0, 20.0 + i), ("compute", 21.0 + i, 4.0)],
+                             attributes={"stagescope.cold_start": False})  # fmt: skip
+        server = ours[0]
+        sink_side += ours
+        user_side.append(SynthSpan(tid, server.span_id, server.name, t0 - 200_000, server.end_ns + 300_000,
+                                   kind=KIND_SERVER, attributes={"http.route": "/v1/predict"}))  # fmt: skip
+        outer = SynthSpan(_tid(100 + i), "a" * 15 + str(i), "POST /v1/predict", t0, t0 + 40 * 10**6,
+                          kind=KIND_SERVER, attributes={"http.route": "/v1/predict"})  # fmt: skip
+        inner = SynthSpan(outer.trace_id, "b" * 15 + str(i), "POST /v1/predict", t0 + 10**5, t0 + 39 * 10**6,
+                          parent_span_id=outer.span_id, kind=KIND_SERVER)  # fmt: skip
+        stage = SynthSpan(outer.trace_id, "c" * 15 + str(i), "compute", t0 + 10**6, t0 + 31 * 10**6,
+                          parent_span_id=inner.span_id, attributes={names.ATTR_STAGE: "compute"})  # fmt: skip
+        nested += [outer, inner, stage]
+    write_otlp_lines(tmp_path / "user.jsonl", user_side)
+    write_otlp_lines(tmp_path / "sink.jsonl", sink_side)
+    write_otlp_lines(tmp_path / "nested.jsonl", nested)
+    ds = load_dataset(traces=[tmp_path])
+    assert _rows(ds, "SELECT count(*), count(DISTINCT trace_id) FROM requests") == [(12, 12)]
+    # the copy kept is the longer one (the user side's: the outermost measurement of the span)
+    assert _rows(ds, f"SELECT duration_ms FROM requests WHERE trace_id = '{_tid(0)}'") == [(25.5,)]
+    assert _rows(ds, "SELECT count(*), count(request_key) FROM stages") == [(18, 18)]
+    own = _rows(
+        ds, "SELECT count(*) FROM stages s JOIN requests r USING (request_key) WHERE s.trace_id = r.trace_id"
+    )
+    assert own == [(18,)]
+    assert ds.repeated_spans == 6  # the six request spans written on both sides
+    ds.close()

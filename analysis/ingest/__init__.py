@@ -215,9 +215,12 @@ def _fill(
 
 def _dedupe_spans(ds: Dataset) -> None:
     """Keep one copy of each span (trace id and span id) the trace files hold more than once: an
-    exporter that retried a batch it had already delivered, or two files that overlap (a rotated
-    file and its copy). Counted twice, a repeated request span would be two samples. The check is
-    one pass over the span ids; the table is rewritten only when it finds repeats."""
+    exporter that retried a batch it had already delivered, two files that overlap (a rotated file and
+    its copy), or one request span written by two pipelines (the service's own tracer provider exports
+    FastAPI's or the stock instrumentor's SERVER span, and stagescope writes that same span id to its
+    sink: a span id names one span). Counted twice, a repeated request span would be two samples. Of
+    the copies the longest is kept (the outermost measurement of the same span), then the first file's.
+    The check is one pass over the span ids; the table is rewritten only when it finds repeats."""
     con = ds.con
     row = con.execute("SELECT count(*) - count(DISTINCT hash(trace_id, span_id)) FROM spans").fetchone()
     if not row or not row[0]:
@@ -225,7 +228,7 @@ def _dedupe_spans(ds: Dataset) -> None:
     before = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
     con.execute(
         "CREATE OR REPLACE TABLE spans AS SELECT DISTINCT ON (trace_id, span_id) * FROM spans "
-        "ORDER BY trace_id, span_id, file, start_ns"
+        "ORDER BY trace_id, span_id, end_ns - start_ns DESC, file, start_ns"
     )
     # counted, not warned about: once de-duplicated, a repeat costs the analysis nothing
     ds.repeated_spans = before - con.execute("SELECT count(*) FROM spans").fetchall()[0][0]

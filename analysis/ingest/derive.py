@@ -20,8 +20,16 @@
 ``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
 span) and the input hash that the analysis joins and groups on (see analysis.keys). A stage row's
 ``request_key`` is its request's: the request span is the stage span's parent (as stagescope emits
-them), the vLLM span itself, or the request a ``network`` row measures; NULL where the parent is
-not a request span (the analysis then goes by time within the trace).
+them), the vLLM span itself, or the request a ``network`` row measures; for a stage or vLLM span
+under a SERVER span that is itself the direct child of a request span (two instrumentations each
+opening a SERVER span in one process, as vLLM's ``llm_request`` under ``opentelemetry-instrument``),
+that request's; NULL where the parent is not a request span (the analysis then goes by time within
+the trace).
+
+Identity: a request is one span id. Copies of one span id (an exporter's retry, or the same request
+span written by the service's own tracer provider and by stagescope's sink) are one span (the ingest
+keeps one copy before this derivation), and of the SERVER spans of a trace only those without a
+parent in it are requests, so an in-process second SERVER span never counts as a second request.
 
 Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
 (``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
@@ -92,7 +100,7 @@ WHERE s.stage IS NULL AND s.stage_invalid IS NULL
   AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
         # server spans whose parent is another (non load-generator) span of the trace: downstream calls
         f"""CREATE OR REPLACE TEMP TABLE _inner AS
-SELECT c.trace_id, c.span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
+SELECT c.trace_id, c.span_id, c.parent_span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
 WHERE c.kind = {KIND_SERVER} AND c.parent_span_id <> '' AND NOT c.parent_is_client""",
         f"""CREATE OR REPLACE {kind} requests AS
 SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS route, s.model,
@@ -117,14 +125,16 @@ FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
-       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key,
-       {kind_sql("s.stage", "s.stage_kind")} AS kind
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key,
+       coalesce(r.request_key, ri.request_key) AS request_key, {kind_sql("s.stage", "s.stage_kind")} AS kind
 FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
+  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.parent_span_id
+  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
 WHERE s.stage IS NOT NULL
 UNION ALL
 SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key, x.kind
 FROM (
-  SELECT s.trace_id, r.request_key, unnest([
+  SELECT s.trace_id, coalesce(r.request_key, ri.request_key) AS request_key, unnest([
     {{'stage': '{names.STAGE_QUEUE}', 'kind': '{names.KIND_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
     {{'stage': '{names.STAGE_PREFILL}', 'kind': '{names.KIND_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
       'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
@@ -135,6 +145,8 @@ FROM (
         FROM {spans} s WHERE (queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)
           AND stage IS NULL) s
   LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.span_id
+  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.span_id
+  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
 )
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
