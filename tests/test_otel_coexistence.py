@@ -118,7 +118,12 @@ def run_scenario(
     cmd = [*(prefix or []), python, str(DRIVER), scenario, str(out), str(tmp_path)]
     proc = subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    import fastapi
+
+    want = fastapi.__version__ if python == sys.executable else _oldest_fastapi()
+    assert Version(result["versions"]["fastapi"]) == Version(want)  # the scenario ran on that FastAPI
+    return result
 
 
 def check_requests(spans: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
