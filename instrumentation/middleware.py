@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import get_current_span
+from opentelemetry.trace import INVALID_SPAN, get_current_span
 
 from stagescope.instrumentation.disconnect import (
     ClientWatch,
@@ -268,8 +268,8 @@ class StagescopeMiddleware:
                 header = parse_traceparent(v)
                 break
         live = get_current_span()
-        ctx = live.get_span_context()
-        if ctx.is_valid and not ctx.is_remote:
+        ctx = None if live is INVALID_SPAN else live.get_span_context()
+        if ctx is not None and ctx.is_valid and not ctx.is_remote:
             if not join_live_span(rec, live, ctx, header, state.destination):
                 # another kind of local span (a user's span around the app): our span's parent
                 rec.trace_id, rec.parent_span_id = ctx.trace_id, ctx.span_id

@@ -55,7 +55,10 @@ __all__ = [
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _attach = otel_context.attach
-_set_span_in_context = trace.set_span_in_context
+_get_current = otel_context.get_current
+_Context = otel_context.Context
+#: the context key trace.set_span_in_context uses, learnt through the public API once
+(_SPAN_KEY,) = trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context()).keys()
 
 #: Classes whose instances open a SERVER span per request (module, name), as FastAPI itself tells
 #: opentelemetry-instrumentation-asgi's middleware apart (fastapi/telemetry/_asgi.py ``_legacy_otel``).
@@ -84,11 +87,27 @@ def span_processor_of(obj: Any) -> Any:
     return getattr(obj, "_active_span_processor", None) or getattr(obj, "_span_processor", None)
 
 
+class _RequestSpan(NonRecordingSpan):
+    """The request's span in the OpenTelemetry context: a NonRecordingSpan whose SpanContext (the
+    record's ids, sampled) is built when something first asks for it, not on every request."""
+
+    def __init__(self, rec: TracedRecord) -> None:  # no super().__init__: the context comes later
+        self._rec = rec
+        self._context: SpanContext | None = None  # type: ignore[assignment]
+
+    def get_span_context(self) -> SpanContext:
+        ctx = self._context
+        if ctx is None:
+            rec = self._rec
+            ctx = self._context = SpanContext(rec.trace_id, rec.span_id, False, _SAMPLED)
+        return ctx
+
+
 def request_context(rec: TracedRecord) -> object:
-    """Attach a context whose current span is the request's (a NonRecordingSpan); returns the token
-    for ``opentelemetry.context.detach``. About a microsecond (benchmarks/overhead.py prints it)."""
-    span = NonRecordingSpan(SpanContext(rec.trace_id, rec.span_id, False, _SAMPLED))
-    return _attach(_set_span_in_context(span))
+    """Attach a context whose current span is the request's (a NonRecordingSpan; the other values of
+    the current context are kept); returns the token for ``opentelemetry.context.detach``. Under a
+    microsecond on an idle core (benchmarks/overhead.py prints it)."""
+    return _attach(_Context({**_get_current(), _SPAN_KEY: _RequestSpan(rec)}))
 
 
 def join_live_span(
