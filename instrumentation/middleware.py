@@ -45,7 +45,7 @@ from stagescope.instrumentation.disconnect import (
 )
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
-from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy, parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
@@ -244,20 +244,27 @@ class StagescopeMiddleware:
         rec.route_matched = route is not None
         rec.scope = scope
         rec.sampled_reason = None
+        rec.trace_state = None
         if state.mode == "otel-fastapi":
             _join_live_span(rec)
         else:
             parent = None
+            seen = False
+            caller_state = b""
             for k, v in scope.get("headers") or ():
-                if k == b"traceparent":
-                    parent = parse_traceparent(v)
-                    break
+                if k == b"traceparent" and not seen:
+                    parent, seen = parse_traceparent(v), True
+                elif k == b"tracestate":  # W3C: several tracestate headers are one comma-joined list
+                    caller_state = caller_state + b"," + v if caller_state else v
+            rec.caller = None
             if parent is None:
                 rec.trace_id = new_trace_id()
                 rec.parent_span_id = 0
                 rec.parent_sampled = None
             else:
                 rec.trace_id, rec.parent_span_id, rec.parent_sampled = parent
+                if caller_state:  # only with a valid traceparent (W3C: tracestate goes with it)
+                    rec.caller = parse_tracestate(caller_state.decode("latin-1"))
             rec.span_id = new_span_id()
         try:
             state.metrics.request_started()
@@ -271,10 +278,18 @@ class StagescopeMiddleware:
         try:
             status = rec.status_code
             failed = rec.error_type is not None or (status is not None and status >= 500)
-            if state.mode == "otel-fastapi":
-                reason = "baseline" if rec.parent_sampled else None
+            if state.mode == "otel-fastapi":  # the tracer provider's sampler decided (and set its th)
+                reason = REASON_BASELINE if rec.parent_sampled else None
             else:
-                reason = state.policy.decide(rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed)
+                caller = rec.caller
+                reason = state.policy.decide(
+                    rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed,
+                    caller.rv if caller is not None else None,
+                )  # fmt: skip
+                if reason is not None:
+                    rec.trace_state = state.policy.tracestate(
+                        reason, rec.trace_id, rec.parent_sampled, caller
+                    )
             rec.sampled_reason = reason
             if state.record_hook is not None:
                 try:
@@ -299,9 +314,11 @@ def _join_live_span(rec: TracedRecord) -> None:
     from opentelemetry import trace
 
     ctx = trace.get_current_span().get_span_context()
+    rec.caller = None
     if ctx.is_valid:
         rec.trace_id, rec.span_id = ctx.trace_id, ctx.span_id
         rec.parent_sampled = bool(ctx.trace_flags.sampled)
+        rec.trace_state = ctx.trace_state.to_header() if ctx.trace_state else None
     else:
         rec.trace_id, rec.span_id, rec.parent_sampled = new_trace_id(), new_span_id(), False
     rec.parent_span_id = 0
