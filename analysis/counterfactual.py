@@ -64,6 +64,7 @@ from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.keys import input_ref, trace_ref
+from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [
     "MODEL_LEVERS",
@@ -99,6 +100,7 @@ def _q(
     attr: Attribution | None = None,
     *,
     part: bool = False,
+    weight: str | None = None,
 ) -> float | None:
     """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it).
 
@@ -106,7 +108,12 @@ def _q(
     candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
     breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
     exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
-    weighted by stratum (:func:`weighted_quantile`)."""
+    weighted by stratum (:func:`weighted_quantile`). Where the weights vary within strata (sampled
+    traces: ``attr.weighted``), or ``weight`` is given without ``attr``, the quantile is weighted."""
+    if attr is not None and attr.weighted and attr.weight is not None:
+        return weighted_quantile(con, src, expr, q, attr.weight)
+    if attr is None and weight is not None:
+        return weighted_quantile(con, src, expr, q, weight)
     if attr is not None and attr.weight is not None:
         if not part and attr.lower_ms is not None and attr.candidates > 0:
             n, m = attr.total, attr.candidates
@@ -121,47 +128,6 @@ def _q(
         return weighted_quantile(con, src, expr, q, attr.weight)
     row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
     return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile(
-    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, weight: str
-) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src`` where each row stands for ``weight`` samples (SQL):
-    linear interpolation between the samples at ranks ``floor(h)`` and ``floor(h) + 1``,
-    ``h = q * (total weight - 1)``; with every weight 1 it is ``quantile_cont``."""
-    row = con.execute(f"SELECT value FROM ({weighted_quantile_sql(src, expr, q, weight)})").fetchone()
-    return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile_sql(src: str, expr: str, q: float, weight: str, by: str | None = None) -> str:
-    """SQL of :func:`weighted_quantile` per group of ``by`` (columns ``g``, ``value``), or over all of
-    ``src`` (one row, ``g`` NULL)."""
-    return f"""WITH v AS (SELECT {by or "NULL"} AS g, {expr} AS v, {weight} AS w FROM {src}),
-                 k AS (SELECT * FROM v WHERE v IS NOT NULL AND w > 0),
-                 c AS (SELECT g, v, sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
-                              {q!r} * (sum(w) OVER (PARTITION BY g) - 1) AS h FROM k),
-                 b AS (SELECT g, max(v) FILTER (WHERE r0 <= floor(h)) AS lo,
-                              max(v) FILTER (WHERE r0 <= floor(h) + 1) AS hi, any_value(h - floor(h)) AS frac
-                       FROM c GROUP BY g)
-            SELECT g, lo + frac * (coalesce(hi, lo) - lo) AS value FROM b"""
-
-
-def weighted_slope(
-    con: duckdb.DuckDBPyConnection, src: str, y: str, x: str, weight: str | None
-) -> float | None:
-    """Least-squares slope of ``y`` on ``x`` over ``src`` (rows where both are known), each row
-    standing for ``weight`` samples (SQL; None: one each, DuckDB's ``regr_slope``). A sampled
-    breakdown over-represents the tail, so an unweighted fit over it would lean towards the tail."""
-    if weight is None:
-        row = con.execute(f"SELECT regr_slope({y}, {x}) FROM {src}").fetchone()
-    else:
-        row = con.execute(
-            f"""WITH v AS (SELECT {y} AS y, {x} AS x, {weight} AS w FROM {src}),
-                     k AS (SELECT * FROM v WHERE y IS NOT NULL AND x IS NOT NULL AND w > 0),
-                     m AS (SELECT sum(w * x) / sum(w) AS mx, sum(w * y) / sum(w) AS my FROM k)
-                SELECT sum(w * (x - mx) * (y - my)) / nullif(sum(w * (x - mx) * (x - mx)), 0) FROM k, m"""
-        ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
 
 
 def _base_q(ev: dict[str, Any], stage: str) -> float:
@@ -257,6 +223,20 @@ def executor_model(
     if row is None or not row[0] or not row[4]:
         return None
     busy_ms, mean_b, var_b, conc, served = row
+    if attr.weighted and attr.weight is not None:
+        # sampled traces: the kept requests' batches are not the executor's batches; per request, its
+        # batch's time over the batch size is its share of the executor (counted 1 / p times)
+        w, comp = attr.weight, _kind_col(attr, N.KIND_COMPUTE)
+        got = con.execute(
+            f"""SELECT sum({w} * {comp} / greatest(coalesce(batch_size, 1), 1)) / sum({w}),
+                       sum({w} * {comp}) / sum({w}), sum({w} * {comp} * {comp}) / sum({w})
+                FROM {BREAKDOWN} WHERE {comp} > 0"""
+        ).fetchone()
+        if got is None or not got[0]:
+            return None
+        per_req, m1, m2 = (float(v) for v in got)
+        busy_ms, served = per_req, 1.0
+        mean_b, var_b = m1 * 1e6, max(0.0, m2 - m1 * m1) * 1e12  # ns, as the batch rows above
     arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(served))
     return {
         "executors": float(max(1, int(conc or 1))),
@@ -483,28 +463,53 @@ def _gap_prediction(
     con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
 ) -> tuple[float | None, str]:
     q = view.slo.quantile
+    w = view.weight
     src = (
         f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
         "USING (trace_id)"
     )
     if lever == N.LEVER_SPECULATIVE_DECODING:
         return _q(
-            con, view.name, "value_ms * 0.5", q
+            con, view.name, "value_ms * 0.5", q, weight=w
         ), "decode gaps halved (speculative decoding, typical 2x)"
-    row = con.execute(
-        f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
-    ).fetchone()
+    if w is None:
+        row = con.execute(
+            f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
+        ).fetchone()
+    else:
+        slope_w = weighted_slope(con, src, "value_ms", "running", w)
+        got = con.execute(
+            f"""SELECT sum(w * value_ms) / sum(w), sum(w * running) / sum(w), count(running)
+                FROM {src} WHERE running IS NOT NULL AND value_ms IS NOT NULL"""
+        ).fetchone()
+        row = (
+            None
+            if got is None or slope_w is None or got[0] is None
+            else (slope_w, float(got[0]) - slope_w * float(got[1]), got[2])
+        )
     if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
         slope, icpt = float(row[0]), float(row[1])
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
         # scatter around the fit where the running batch varies least (its lowest decile): the
         # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        res = con.execute(
-            f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
-                FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src})"""
-        ).fetchone()
+        low = f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"
+        if w is None:
+            res = con.execute(
+                f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
+                    FROM {src} WHERE {low}"""
+            ).fetchone()
+        else:
+            res = (
+                weighted_quantile(
+                    con,
+                    f"(SELECT * FROM {src} WHERE {low})",
+                    f"value_ms - ({icpt!r} + {slope!r} * running)",
+                    q,
+                    w,
+                ),
+            )
         scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
-        before = _q(con, view.name, "value_ms", q)
+        before = _q(con, view.name, "value_ms", q, weight=w)
         pred = icpt + slope * cap + scatter
         return (
             round(pred if before is None else min(pred, before), 3),
@@ -512,11 +517,11 @@ def _gap_prediction(
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
             f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
         )
-    base = _q(con, view.name, "value_ms", 0.5)
+    base = _q(con, view.name, "value_ms", 0.5, weight=w)
     if base is None:
         return None, "no gaps"
     return _q(
-        con, view.name, f"least(value_ms, {base * 1.5!r})", q
+        con, view.name, f"least(value_ms, {base * 1.5!r})", q, weight=w
     ), "slow gaps capped at 1.5x the median gap"
 
 

@@ -1,0 +1,380 @@
+"""Complete sources: where every request of an SLO was counted, its samples come from there.
+
+Traces are usually sampled; two other inputs count every request:
+
+* the load generator's results (``client_results``: one row per request it sent, with the trace id
+  it sent in ``traceparent``). Its latency is **client-side**: ``latency_ms`` runs from the intended
+  send time (coordinated-omission corrected, so it includes the client's own lateness) and the
+  network is in it. The SLO's SLIs are server-side (arrival to last byte, arrival to first token),
+  so each client request becomes a server-side sample: the traced server value where its trace was
+  kept, else its ``naive_latency_ms`` (``ttft_naive_ms``: actual send to last byte / first token)
+  minus the network, the median of that difference over the requests whose trace was kept. Used when
+  the results hold at least :data:`MIN_COVERAGE` of the SLO's traced requests;
+* the request-duration histograms in the scraped metrics (``stagescope_request_duration_seconds``,
+  the TTFT and inter-token histograms, vLLM's ``vllm:e2e_request_latency_seconds`` and kin): the
+  server counted every request into a bucket. Each bucket's count over the scrapes (its increase,
+  counter resets and series that appear mid-window handled as PromQL's ``increase`` would) is the
+  number of samples in it; the traced samples in a bucket share its count (their sampling weights
+  scaled to it) and so place the requests inside it; a bucket that no kept trace fell in gets
+  evenly spread points, as ``histogram_quantile`` assumes. Used when the scrapes bracket the traced
+  requests and the counts agree with the traces (at least the kept samples; with known sampling
+  probabilities, the Horvitz-Thompson estimate within four standard errors or 10 %).
+
+The traces are complete themselves when every sample was kept with probability 1 (or with no sign
+of sampling) and the complete source counts no more requests: the traces are used then (exact and
+server-side). Sampling is unknown where a sample has no probability (no ``th``) but there is
+evidence of sampling: a ``stagescope.sampled_reason``, probabilities below 1 beside it, or a
+complete source counting more requests than the traces hold. That is said in a warning.
+
+The breakdown (which stage ate the time) always comes from the traces; analysis.weighting
+calibrates its rows to the samples these sources give.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from collections import defaultdict
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from stagescope import names as N
+from stagescope.analysis.keys import has_columns
+
+if TYPE_CHECKING:
+    from stagescope.analysis.breach import SLIView
+
+__all__ = ["HISTOGRAMS", "MIN_COVERAGE", "use_complete_sources"]
+
+#: Share of the SLO's traced requests a load generator's results must hold to be used.
+MIN_COVERAGE = 0.9
+#: Histograms read as complete sources per SLI: (family, route label or None, model label).
+HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
+    N.SLI_E2E: (
+        (N.METRIC_REQUEST_DURATION, N.LABEL_ROUTE, N.LABEL_MODEL),
+        (N.VLLM_E2E, None, N.VLLM_LABEL_MODEL),
+    ),
+    N.SLI_TTFT: ((N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL), (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL)),
+    N.SLI_ITL: ((N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL), (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL)),
+}
+#: Client-side columns standing for each SLI: (corrected, naive).
+_CLIENT_COLUMNS = {N.SLI_E2E: ("latency_ms", "naive_latency_ms"), N.SLI_TTFT: ("ttft_ms", "ttft_naive_ms")}
+#: Columns of the load generator's results read here (besides the SLI's own).
+_RESULT_NEEDS = ("trace_id", "route", "status", "sent_unix_ns", "intended_unix_ns")
+#: Evenly spread points given to a histogram bucket no kept trace fell in (at most).
+BUCKET_POINTS = 20
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def sampling_facts(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, Any]:
+    """What the SLO's traced requests say about their sampling: how many, with a known probability,
+    kept with one below 1, of unknown probability though ``sampled_reason`` says they were sampled."""
+    if view.per_request and has_columns(con, view.name, "pk"):  # one pass over the SLI table
+        n, known, below, unknown_sampled, max_w = _one(
+            con,
+            f"""SELECT count(*), count(*) FILTER (WHERE pk = 0), count(*) FILTER (WHERE pk = 0 AND w > 1),
+                       count(*) FILTER (WHERE pk = 2), max(w) FILTER (WHERE pk = 0) FROM {view.name}""",
+        )
+        return {
+            "requests": int(n), "known": int(known), "below_1": int(below),
+            "unknown_sampled": int(unknown_sampled), "min_p": None if not max_w else 1.0 / float(max_w),
+        }  # fmt: skip
+    flt = f"{view.request_filter} AND {view.value_expr} IS NOT NULL"
+    if not has_columns(con, "requests", "sampling_p", "sampled_reason"):
+        n = _one(con, f"SELECT count(*) FROM requests WHERE {flt}")[0]
+        return {"requests": int(n), "known": 0, "below_1": 0, "unknown_sampled": 0, "min_p": None}
+    n, known, below, unknown_sampled, min_p = _one(
+        con,
+        f"""SELECT count(*), count(sampling_p), count(*) FILTER (WHERE sampling_p < 1),
+                   count(*) FILTER (WHERE sampling_p IS NULL AND sampled_reason IS NOT NULL), min(sampling_p)
+            FROM requests WHERE {flt}""",
+    )
+    return {
+        "requests": int(n), "known": int(known), "below_1": int(below),
+        "unknown_sampled": int(unknown_sampled), "min_p": None if min_p is None else float(min_p),
+    }  # fmt: skip
+
+
+def use_complete_sources(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
+    """Replace (or calibrate) ``view``'s samples with a complete source that covers them, and say
+    what the traces' sampling is (``view.sampling``, warnings); see the module docstring."""
+    facts = sampling_facts(con, view)
+    unknown = facts["requests"] - facts["known"]
+    evidence = facts["unknown_sampled"] > 0 or (facts["below_1"] > 0 and unknown > 0)
+    complete = not view.weighted and not evidence
+    facts.update(estimated_requests=round(view.weight_total, 1), unknown=unknown, evidence=evidence)
+    view.sampling = facts
+    kept = view.count
+    used = view.count > 0 and (
+        _from_client_results(con, view, complete) or _from_histograms(con, view, complete)
+    )
+    if used and complete:  # the traces looked complete, but a complete source counted more
+        facts["evidence"] = True
+        if not unknown:
+            view.warnings.append(
+                f"the traces hold {kept} samples of SLO {view.slo.spec} where the "
+                f"{view.source.replace('_', ' ')} count {view.weight_total:.0f}: spans were lost, or "
+                "sampled downstream without updating their 'th'; the quantiles come from the "
+                f"{view.source.replace('_', ' ')}"
+            )
+    if unknown and facts["evidence"]:
+        cost = (
+            f"the {view.source.replace('_', ' ')} gave the quantiles"
+            if view.source != N.SOURCE_TRACES
+            else "they count once each, so quantiles and shares lean towards the requests their sampler kept "
+            "(pass the load generator's results or the scraped metrics for exact quantiles)"
+        )
+        view.warnings.append(
+            f"{unknown} of {facts['requests']} traced requests have no sampling probability (no OpenTelemetry "
+            f"'th' in their tracestate: a collector's tail sampling, another sampler) though the data shows "
+            f"sampling: {cost}"
+        )
+
+
+# ------------------------------------------------------------------------------ load generator
+def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete: bool) -> bool:
+    cols = _CLIENT_COLUMNS.get(view.slo.sli)
+    if cols is None or not view.per_request or not has_columns(con, "client_results", *_RESULT_NEEDS, *cols):
+        return False
+    n_client = _one(con, "SELECT count(*) FROM client_results")[0]
+    if not n_client:
+        return False
+    corrected, naive = cols
+    flt = f"{view.request_filter} AND {view.value_expr} IS NOT NULL"
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_traced AS
+        SELECT trace_id, min(start_unix_ns) AS start_unix_ns,
+               arg_min(CAST({view.value_expr} AS DOUBLE), start_unix_ns) AS value_ms,
+               CAST(arg_min(queue_depth, start_unix_ns) AS DOUBLE) AS queue_depth,
+               CAST(arg_min(batch_size, start_unix_ns) AS DOUBLE) AS batch_size,
+               CAST(arg_min(cold_start, start_unix_ns) AS BOOLEAN) AS cold_start
+        FROM requests WHERE {flt} GROUP BY trace_id"""
+    )
+    traced, matched = _one(
+        con,
+        "SELECT count(*), count(*) FILTER (WHERE trace_id IN (SELECT trace_id FROM client_results)) FROM ss_traced",
+    )
+    if not traced or matched / traced < MIN_COVERAGE:
+        if matched:
+            view.warnings.append(
+                f"the load-generator results hold {matched} of the {traced} traced requests of SLO "
+                f"{view.slo.spec}: too few to give its quantiles (they come from the traces)"
+            )
+        return False
+    # the SLO's client requests: those whose trace is the SLO's, and unmatched ones sent to the same paths
+    restricted = view.slo.route is not None or view.slo.model is not None
+    same_path = (
+        "c.route IN (SELECT DISTINCT c2.route FROM client_results c2 SEMI JOIN ss_traced t USING (trace_id))"
+        if restricted
+        else "true"
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_client AS
+        SELECT c.*, t.value_ms AS server_ms, t.start_unix_ns AS server_start, t.queue_depth, t.batch_size,
+               t.cold_start
+        FROM client_results c LEFT JOIN ss_traced t USING (trace_id)
+        WHERE t.trace_id IS NOT NULL OR (
+              NOT EXISTS (SELECT 1 FROM requests r WHERE r.trace_id = c.trace_id) AND {same_path})"""
+    )
+    net, n_in, no_answer, shed = _one(
+        con,
+        f"""SELECT median({naive} - server_ms) FILTER (WHERE server_ms IS NOT NULL),
+                   count(*) FILTER (WHERE status NOT IN (0, 429)), count(*) FILTER (WHERE status = 0),
+                   count(*) FILTER (WHERE status = 429)
+            FROM ss_client""",
+    )
+    if complete and n_in <= traced * 1.01 + 1:
+        return False  # the traces hold every request the load generator sent: they are complete
+    net = max(0.0, float(net or 0.0))
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {view.name} AS
+        SELECT coalesce(server_start, sent_unix_ns, intended_unix_ns) AS start_unix_ns,
+               coalesce(server_ms, greatest({naive} - {net!r}, 0), {corrected}) AS value_ms,
+               queue_depth, batch_size, cold_start, 1.0 AS w
+        FROM ss_client WHERE status NOT IN (0, 429)
+          AND coalesce(server_ms, {naive}, {corrected}) IS NOT NULL"""
+    )
+    view.count_rows(con)
+    view.source = N.SOURCE_CLIENT_RESULTS
+    view.sampling["network_ms"] = round(net, 3)
+    row = _one(
+        con,
+        f"SELECT quantile_cont({corrected}, [0.5, 0.95, 0.99]) FROM ss_client WHERE status NOT IN (0, 429)",
+    )[0]
+    view.sampling["client_latency_ms"] = dict(
+        zip(
+            ("p50", "p95", "p99"),
+            (None if v is None else round(float(v), 3) for v in row or [None] * 3),
+            strict=True,
+        )
+    )
+    if no_answer:
+        view.warnings.append(
+            f"{no_answer} load-generator requests got no response (status 0) and are not latency samples"
+        )
+    if shed and not view.shed:
+        view.warnings.append(
+            f"{shed} load-generator requests were shed (HTTP 429) and are not latency samples"
+        )
+    for t in ("ss_traced", "ss_client"):
+        con.execute(f"DROP TABLE IF EXISTS {t}")
+    return True
+
+
+# ------------------------------------------------------------------------------ histograms
+def _increase(points: list[tuple[int | None, float]], from_zero: bool) -> float:
+    """A counter's increase over its points (ts order); a decrease is a restart from 0; ``from_zero``:
+    the series appeared after its source's first scrape, so it started at 0 within the window."""
+    timed = sorted((t, v) for t, v in points if t is not None)
+    if len(timed) < 2:
+        return max(v for _, v in points) if points else 0.0  # one snapshot: cumulative since start
+    inc = timed[0][1] if from_zero else 0.0
+    for (_, a), (_, b) in pairwise(timed):
+        inc += b - a if b >= a else b
+    return inc
+
+
+def _bucket_counts(
+    con: duckdb.DuckDBPyConnection, view: SLIView, family: str, route_label: str | None, model_label: str
+) -> tuple[list[tuple[float, float]], int | None, int | None] | None:
+    """Per bucket (upper bound in ms, count) of ``family`` over the scrapes, for the SLO's route and
+    model; with the first and last scrape times (Unix ms) and None when no series matches."""
+    slo = view.slo
+    if (slo.route is not None and route_label is None) or not has_columns(con, "metric_samples", "labels"):
+        return None  # the histogram cannot tell the SLO's route from the others
+    rows = con.execute(
+        "SELECT source, labels, ts_ms, value FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
+        [f"{family}_bucket"],
+    ).fetchall()
+    if not rows:
+        return None
+    shed = 0.0
+    if family == N.METRIC_REQUEST_DURATION:
+        got = con.execute(
+            "SELECT sum(value) FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
+            [N.METRIC_REQUESTS_SHED],
+        ).fetchone()
+        shed = float(got[0] or 0.0) if got else 0.0
+    first_of: dict[str, int] = {}
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int | None, float]]] = defaultdict(list)
+    for source, labels, ts, value in rows:
+        lab = dict(labels)
+        if route_label is not None and slo.route is not None and lab.get(route_label) != slo.route:
+            continue
+        if slo.model is not None and lab.get(model_label) != slo.model:
+            continue
+        if shed and lab.get(N.LABEL_STATUS_CLASS) == "4xx":
+            continue  # 429s are not latency samples; the histogram cannot tell them from other 4xx
+        src = posixpath.dirname(str(source))  # one directory of scrapes over time is one target
+        if ts is not None:
+            first_of[src] = min(first_of.get(src, ts), ts)
+        series[(src, tuple(sorted(lab.items())))].append((ts, float(value)))
+    if not series:
+        return None
+    per_le: dict[float, float] = defaultdict(float)
+    first = last = None
+    for (src, key), pts in series.items():
+        times = [t for t, _ in pts if t is not None]
+        from_zero = bool(times) and min(times) > first_of.get(src, min(times))
+        le = dict(key).get("le", "")
+        try:
+            bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le) * 1e3
+        except ValueError:
+            continue
+        per_le[bound] += _increase(pts, from_zero)
+        if times:
+            first = min(times) if first is None else min(first, min(times))
+            last = max(times) if last is None else max(last, max(times))
+    bounds = sorted(per_le)
+    counts, prev = [], 0.0
+    for b in bounds:  # cumulative -> per bucket
+        counts.append((b, max(0.0, per_le[b] - prev)))
+        prev = max(prev, per_le[b])
+    return counts, first, last
+
+
+def _from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: bool) -> bool:
+    for family, route_label, model_label in HISTOGRAMS.get(view.slo.sli, ()):
+        got = _bucket_counts(con, view, family, route_label, model_label)
+        if got is None:
+            continue
+        counts, first, last = got
+        total = sum(c for _, c in counts)
+        lo_ns, hi_ns, kept, var = _one(
+            con,
+            f"""SELECT min(start_unix_ns), max(start_unix_ns + CAST(value_ms * 1e6 AS BIGINT)), count(*),
+                       coalesce(sum(w * (w - 1)), 0) FROM {view.name}""",
+        )
+        why = None
+        spans = first is not None and last is not None and first != last and lo_ns is not None
+        if spans and (first > lo_ns / 1e6 or last < hi_ns / 1e6):
+            why = "its scrapes do not span the traced requests"
+        if why is None and total < 0.98 * kept - 2:
+            why = f"it counts {total:.0f} samples, fewer than the {kept} traced"
+        if why is None and view.sampling["unknown"] == 0:
+            sd = math.sqrt(float(var))
+            if abs(total - view.weight_total) > max(4 * sd, 0.1 * total, 5):
+                why = f"it counts {total:.0f} samples where the traces stand for {view.weight_total:.0f}"
+        if why is not None:
+            view.warnings.append(
+                f"metrics histogram {family} does not cover the traced requests ({why}): not used"
+            )
+            continue
+        if complete and total <= kept * 1.01 + 2:
+            return False  # the traces hold every request the histogram counted
+        _calibrate(con, view, counts)
+        view.source = N.SOURCE_METRICS
+        view.sampling["histogram"] = family
+        return True
+    return False
+
+
+def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple[float, float]]) -> None:
+    """Scale each traced sample's weight so each bucket weighs its count; spread points in buckets no
+    trace fell in (no start time, so they are in the quantiles, not in the windows)."""
+    bounds = [b for b, _ in counts]
+    finite = [b for b in bounds if math.isfinite(b)]
+    bucket = (
+        "CASE "
+        + " ".join(f"WHEN value_ms <= {b!r} THEN {i}" for i, b in enumerate(finite))
+        + f" ELSE {len(finite)} END"
+        if finite
+        else "0"
+    )
+    have = dict(con.execute(f"SELECT {bucket} AS b, sum(w) FROM {view.name} GROUP BY 1").fetchall())
+    factors, points = [], []
+    for i, (b, c) in enumerate(counts):
+        if not c:
+            continue
+        if have.get(i):
+            factors.append(f"({i}, {c / float(have[i])!r})")
+            continue
+        lo = bounds[i - 1] if i else 0.0
+        hi = b if math.isfinite(b) else lo
+        k = max(1, min(BUCKET_POINTS, round(c)))
+        points += [f"({lo + (hi - lo) * (j + 0.5) / k!r}, {c / k!r})" for j in range(k)]
+    cols = "trace_id, " if not view.per_request else ""
+    fac = (
+        f"(VALUES {', '.join(factors)}) f(b, factor)"
+        if factors
+        else "(SELECT NULL::INTEGER AS b, 1.0 AS factor)"
+    )
+    extra = (
+        f"UNION ALL SELECT {'NULL, ' if cols else ''}NULL, v, NULL, NULL, NULL, pw FROM (VALUES {', '.join(points)}) p(v, pw)"
+        if points
+        else ""
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {view.name} AS
+        SELECT {cols}start_unix_ns, value_ms, queue_depth, batch_size, cold_start, w * coalesce(f.factor, 1.0) AS w
+        FROM (SELECT *, {bucket} AS b FROM {view.name}) s LEFT JOIN {fac} USING (b)
+        {extra}"""
+    )
+    view.count_rows(con)
