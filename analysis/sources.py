@@ -241,6 +241,13 @@ def _increase(points: list[tuple[int | None, float]], from_zero: bool) -> float:
     return inc
 
 
+def _target(source: object) -> str:
+    """What one series' points come from: a Prometheus URL, or the directory of scrape files (one
+    file per scrape of one target, as stagescope's recorder and a cron'd curl write them)."""
+    text = str(source)
+    return text if "://" in text else posixpath.dirname(text)
+
+
 def _bucket_counts(
     con: duckdb.DuckDBPyConnection, view: SLIView, family: str, route_label: str | None, model_label: str
 ) -> tuple[list[tuple[float, float]], int | None, int | None] | None:
@@ -262,7 +269,13 @@ def _bucket_counts(
             [N.METRIC_REQUESTS_SHED],
         ).fetchone()
         shed = float(got[0] or 0.0) if got else 0.0
+    # when each target (a directory of scrapes over time, or a Prometheus URL) was first scraped
     first_of: dict[str, int] = {}
+    for source, ts in con.execute(
+        "SELECT source, min(ts_ms) FROM metric_samples WHERE ts_ms IS NOT NULL GROUP BY source"
+    ).fetchall():
+        t = _target(source)
+        first_of[t] = min(first_of.get(t, int(ts)), int(ts))
     series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int | None, float]]] = defaultdict(list)
     for source, labels, ts, value in rows:
         lab = dict(labels)
@@ -272,9 +285,7 @@ def _bucket_counts(
             continue
         if shed and lab.get(N.LABEL_STATUS_CLASS) == "4xx":
             continue  # 429s are not latency samples; the histogram cannot tell them from other 4xx
-        src = posixpath.dirname(str(source))  # one directory of scrapes over time is one target
-        if ts is not None:
-            first_of[src] = min(first_of.get(src, ts), ts)
+        src = _target(source)
         series[(src, tuple(sorted(lab.items())))].append((ts, float(value)))
     if not series:
         return None
@@ -289,8 +300,9 @@ def _bucket_counts(
         except ValueError:
             continue
         per_le[bound] += _increase(pts, from_zero)
-        if times:
-            first = min(times) if first is None else min(first, min(times))
+        if times:  # a series that appeared later was counted from 0 since its source's first scrape
+            begin = first_of[src] if from_zero else min(times)
+            first = begin if first is None else min(first, begin)
             last = max(times) if last is None else max(last, max(times))
     bounds = sorted(per_le)
     counts, prev = [], 0.0
