@@ -96,7 +96,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
         w = "w" if view.weighted else None
-        facts = ", ".join(
+        means = ", ".join(
             mean_sql(e, c, w)
             for e, c in (
                 ("repeated::INT", "is_tail AND input_hash IS NOT NULL"),
@@ -113,7 +113,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
                 h AS (SELECT hash(input_hash) AS hh, count(*) AS c FROM requests
                       WHERE {view.request_filter} AND hash(input_hash) IN (SELECT hash(input_hash) FROM r) GROUP BY 1),
                 rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h ON h.hh = hash(r.input_hash))
-            SELECT {facts}, (SELECT max(batch_size) FROM {view.name}),
+            SELECT {means}, (SELECT max(batch_size) FROM {view.name}),
                    {mean_sql("queue_depth", "is_tail", w)}, {mean_sql("queue_depth", "is_base", w)},
                    (SELECT sum({view.request_weight(con)}) FROM requests WHERE {view.request_filter})
             FROM rr"""

@@ -20,12 +20,14 @@ With every weight 1 the weighted statistics equal DuckDB's own (``quantile_cont`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import duckdb
 
 from stagescope.analysis.keys import has_columns
 
 __all__ = [
+    "breakdown_quantile",
     "mean_sql",
     "sampling_kind_sql",
     "sampling_weight_sql",
@@ -169,3 +171,42 @@ def stratum_weights(
     whens = " ".join(f"WHEN {c} THEN {w / h!r}" for (c, _), w, h in zip(strata, want, have, strict=True) if h)
     factor = f"(CASE {whens} ELSE 0.0 END)" if whens else "1.0"
     return factor if row_weight == "1.0" else f"({row_weight} * {factor})"
+
+
+def breakdown_quantile(
+    con: duckdb.DuckDBPyConnection,
+    src: str,
+    expr: str,
+    q: float,
+    attr: Any = None,
+    *,
+    part: bool = False,
+    weight: str | None = None,
+) -> float | None:
+    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it); ``attr`` is the
+    analysis.attribution ``Attribution`` whose weights the breakdown rows carry.
+
+    When ``attr`` says the breakdown is a sample (large inputs), every request outside the
+    candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
+    breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
+    exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
+    weighted by stratum (:func:`weighted_quantile`). Where the weights vary within strata (sampled
+    traces: ``attr.weighted``), or ``weight`` is given without ``attr``, the quantile is weighted."""
+    if attr is not None and attr.weighted and attr.weight is not None:
+        return weighted_quantile(con, src, expr, q, attr.weight)
+    if attr is None and weight is not None:
+        return weighted_quantile(con, src, expr, q, weight)
+    if attr is not None and attr.weight is not None:
+        if not part and attr.lower_ms is not None and attr.candidates > 0:
+            n, m = attr.total, attr.candidates
+            idx = q * (n - 1) - (n - m)  # position of the quantile among the m candidates (fractional)
+            if idx >= 0:
+                pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
+                row = con.execute(
+                    f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
+                ).fetchone()
+                if row and row[0] is not None and float(row[0]) > attr.lower_ms:
+                    return round(float(row[0]), 3)
+        return weighted_quantile(con, src, expr, q, attr.weight)
+    row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
+    return None if row is None or row[0] is None else round(float(row[0]), 3)
