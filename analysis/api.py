@@ -267,6 +267,12 @@ def _analyze_one(
             con, slo, files=getattr(dataset, "files", None), inputs=getattr(dataset, "trace_inputs", None)
         )
         return report
+    if view.trace_samples == 0:  # the figures come from a complete source; no trace to split
+        warns.append(
+            f"no trace of SLO {chosen.spec}'s requests was kept (its figures come from the "
+            f"{view.source.replace('_', ' ')}): nothing to split into stages"
+        )
+        return report
     attr = A.attribute(con, view, breached, qs)
     warns += attr.warnings
     if attr.baseline_n == 0:

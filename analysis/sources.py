@@ -67,6 +67,10 @@ _RESULT_NEEDS = ("trace_id", "route", "status", "sent_unix_ns", "intended_unix_n
 BUCKET_POINTS = 20
 
 
+def _lit(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
     row = con.execute(sql).fetchone()
     assert row is not None
@@ -109,12 +113,11 @@ def use_complete_sources(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
     unknown = facts["requests"] - facts["known"]
     evidence = facts["unknown_sampled"] > 0 or (facts["below_1"] > 0 and unknown > 0)
     complete = not view.weighted and not evidence
-    facts.update(estimated_requests=round(view.weight_total, 1), unknown=unknown, evidence=evidence)
+    estimated = round(view.weight_total, 1) if view.per_request else None
+    facts.update(estimated_requests=estimated, unknown=unknown, evidence=evidence)
     view.sampling = facts
     kept = view.count
-    used = view.count > 0 and (
-        _from_client_results(con, view, complete) or _from_histograms(con, view, complete)
-    )
+    used = _from_client_results(con, view, complete) or _from_histograms(con, view, complete)
     if used and complete:  # the traces looked complete, but a complete source counted more
         facts["evidence"] = True
         if not unknown:
@@ -161,20 +164,27 @@ def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete
         con,
         "SELECT count(*), count(*) FILTER (WHERE trace_id IN (SELECT trace_id FROM client_results)) FROM ss_traced",
     )
-    if not traced or matched / traced < MIN_COVERAGE:
+    # no trace of the SLO kept at all (a healthy route at 1 %): the results' requests to its route
+    blind = not traced and view.slo.model is None
+    if blind and view.slo.route is not None:
+        blind = bool(
+            _one(con, f"SELECT count(*) FROM client_results WHERE route = {_lit(view.slo.route)}")[0]
+        )
+    if not blind and (not traced or matched / traced < MIN_COVERAGE):
         if matched:
             view.warnings.append(
                 f"the load-generator results hold {matched} of the {traced} traced requests of SLO "
                 f"{view.slo.spec}: too few to give its quantiles (they come from the traces)"
             )
         return False
-    # the SLO's client requests: those whose trace is the SLO's, and unmatched ones sent to the same paths
-    restricted = view.slo.route is not None or view.slo.model is not None
+    # unmatched requests count where they were sent to the paths the matched ones were: the SLO's
+    # scope may hold one route without naming it (analysis.routes), and results of another run's route
+    # beside it must not join in
     same_path = (
         "c.route IN (SELECT DISTINCT c2.route FROM client_results c2 SEMI JOIN ss_traced t USING (trace_id))"
-        if restricted
-        else "true"
     )
+    if blind:
+        same_path = f"c.route = {_lit(view.slo.route)}" if view.slo.route is not None else "true"
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_client AS
         SELECT c.*, t.value_ms AS server_ms, t.start_unix_ns AS server_start, t.queue_depth, t.batch_size,
@@ -186,7 +196,7 @@ def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete
     net, n_in, no_answer, shed = _one(
         con,
         f"""SELECT median({naive} - server_ms) FILTER (WHERE server_ms IS NOT NULL),
-                   count(*) FILTER (WHERE status NOT IN (0, 429)), count(*) FILTER (WHERE status = 0),
+                   count(*) FILTER (WHERE status NOT IN (0, 429, {N.STATUS_CODE_CLIENT_CLOSED})), count(*) FILTER (WHERE status = 0),
                    count(*) FILTER (WHERE status = 429)
             FROM ss_client""",
     )
@@ -198,7 +208,7 @@ def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete
         SELECT coalesce(server_start, sent_unix_ns, intended_unix_ns) AS start_unix_ns,
                coalesce(server_ms, greatest({naive} - {net!r}, 0), {corrected}) AS value_ms,
                queue_depth, batch_size, cold_start, 1.0 AS w
-        FROM ss_client WHERE status NOT IN (0, 429)
+        FROM ss_client WHERE status NOT IN (0, 429, {N.STATUS_CODE_CLIENT_CLOSED})
           AND coalesce(server_ms, {naive}, {corrected}) IS NOT NULL"""
     )
     view.count_rows(con)
@@ -206,7 +216,7 @@ def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete
     view.sampling["network_ms"] = round(net, 3)
     row = _one(
         con,
-        f"SELECT quantile_cont({corrected}, [0.5, 0.95, 0.99]) FROM ss_client WHERE status NOT IN (0, 429)",
+        f"SELECT quantile_cont({corrected}, [0.5, 0.95, 0.99]) FROM ss_client WHERE status NOT IN (0, 429, {N.STATUS_CODE_CLIENT_CLOSED})",
     )[0]
     view.sampling["client_latency_ms"] = dict(
         zip(
@@ -330,7 +340,7 @@ def _from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: bo
             why = "its scrapes do not span the traced requests"
         if why is None and total < 0.98 * kept - 2:
             why = f"it counts {total:.0f} samples, fewer than the {kept} traced"
-        if why is None and view.sampling["unknown"] == 0:
+        if why is None and kept and view.sampling["unknown"] == 0:
             sd = math.sqrt(float(var))
             if abs(total - view.weight_total) > max(4 * sd, 0.1 * total, 5):
                 why = f"it counts {total:.0f} samples where the traces stand for {view.weight_total:.0f}"
@@ -376,7 +386,7 @@ def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple
     fac = (
         f"(VALUES {', '.join(factors)}) f(b, factor)"
         if factors
-        else "(SELECT NULL::INTEGER AS b, 1.0 AS factor)"
+        else "(SELECT NULL::INTEGER AS b, 1.0 AS factor) f"
     )
     extra = (
         f"UNION ALL SELECT {'NULL, ' if cols else ''}NULL, v, NULL, NULL, NULL, pw FROM (VALUES {', '.join(points)}) p(v, pw)"

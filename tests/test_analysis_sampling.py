@@ -9,6 +9,8 @@ kept traces is compared with the analysis of all of them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -18,6 +20,7 @@ from stagescope import names
 from stagescope.analysis import synth_scenarios as S
 from stagescope.analysis.api import analyze
 from stagescope.analysis.ingest.results import RESULT_COLUMNS
+from stagescope.slo import parse_slo
 
 SLOW_MS = 250.0
 RATIO = 0.01
@@ -225,3 +228,28 @@ def test_complete_traces_stay_the_source_and_unsampled_data_is_unchanged() -> No
     assert rep["sources"]["latency_ms"] == names.SOURCE_TRACES
     assert rep["latency_ms"] == before["latency_ms"] and rep["verdict"] == before["verdict"]
     assert not any("sampl" in w for w in rep["warnings"])
+
+
+def test_no_trace_kept_the_complete_source_still_answers() -> None:
+    """A healthy route at 1 %: sampling may keep no trace of it at all; the load generator's results
+    (or the histograms) still give its quantiles, and the report says there is nothing to split."""
+    con, data = incident("slow-feature-store", n=3000)
+    full = duckdb.connect()
+    S.to_tables(full, data)
+    truth = analyze(full, data.scenario.slo)
+    slo = dataclasses.replace(parse_slo(data.scenario.slo)[0], route=data.scenario.route)
+    sample(con)
+    for rel in ("requests", "stages", "token_gaps"):
+        con.execute(f"DELETE FROM {rel}")
+    add_results(con, full)
+    rep = analyze(con, [slo])
+    assert rep["sources"]["latency_ms"] == names.SOURCE_CLIENT_RESULTS and rep["samples"] == 3000
+    assert rep["latency_ms"]["p99"] == pytest.approx(truth["latency_ms"]["p99"] + 0.8, abs=0.01)
+    assert rep["attribution"] == [] and any("nothing to split into stages" in w for w in rep["warnings"])
+    con.execute("DELETE FROM client_results")
+    add_histogram(con, full, data.scenario.route)
+    rep = analyze(con, [slo])
+    assert rep["sources"]["latency_ms"] == names.SOURCE_METRICS and rep["requests"] == 3000
+    assert rep["latency_ms"]["p99"] == pytest.approx(
+        truth["latency_ms"]["p99"], rel=0.15
+    )  # bucket interpolation
