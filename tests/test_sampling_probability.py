@@ -186,3 +186,30 @@ def test_jaeger_tracestate_tag_and_client_spans(tmp_path: Path) -> None:
     ds = load_dataset(traces=[f])
     assert ds.con.execute("SELECT sampled_reason, sampling_p FROM requests").fetchall() == [("baseline", 0.5)]
     ds.close()
+
+
+def test_otlp_exporter_path_carries_the_tracestate() -> None:
+    """Spans handed to an SDK processor (and so to the OTLP/HTTP exporter) carry the tracestate in
+    their context, and OpenTelemetry's own protobuf encoder writes it into ``trace_state``."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = scorer()
+    handle = stagescope.instrument_app(
+        app, service_name="scorer", registry=CollectorRegistry(), tracer_provider=provider,
+        slow_threshold_ms=40, baseline_sample=0.5,
+    )  # fmt: skip
+    asyncio.run(_drive(app, [("/v1/score/0", {}) for _ in range(40)] + [("/v1/score/50", {})]))
+    assert handle.force_flush(10)
+    spans = list(exporter.get_finished_spans())
+    states = {s.context.trace_state.to_header() for s in spans if s.context is not None}
+    assert states == {"ot=th:8", "ot=th:0"}
+    pb = encode_spans(spans)
+    encoded = {s.trace_state for rs in pb.resource_spans for ss in rs.scope_spans for s in ss.spans}
+    assert encoded == {"ot=th:8", "ot=th:0"}
+    handle.shutdown()
