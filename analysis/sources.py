@@ -139,6 +139,27 @@ def use_complete_sources(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
             f"'th' in their tracestate: a collector's tail sampling, another sampler) though the data shows "
             f"sampling: {cost}"
         )
+    if view.source == N.SOURCE_TRACES and view.weighted and view.per_request:
+        _estimate_note(con, view)
+
+
+#: Above this relative standard error of the estimated request count, a warning says what it costs.
+NOTE_REL_SE = 0.05
+
+
+def _estimate_note(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
+    """Say how precise the weighted figures are when only the sampled traces give them: the
+    Horvitz-Thompson count's standard error (``sqrt(sum(w (w - 1)))``, independent keep decisions)."""
+    var, few = _one(con, f"SELECT sum(w * (w - 1)), count(*) FILTER (WHERE w > 1) FROM {view.name}")
+    if not view.weight_total or var is None:
+        return
+    rel = math.sqrt(float(var)) / view.weight_total
+    if rel > NOTE_REL_SE:
+        view.warnings.append(
+            f"the {view.count} kept traces stand for about {view.weight_total:.0f} requests (one standard "
+            f"error {rel:.0%}): the figures below the slow threshold rest on the {few} kept at a probability "
+            "under 1; the load generator's results or the scraped metrics give exact ones"
+        )
 
 
 # ------------------------------------------------------------------------------ load generator
