@@ -122,10 +122,9 @@ def use_complete_sources(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
         facts["evidence"] = True
         if not unknown:
             view.warnings.append(
-                f"the traces hold {kept} samples of SLO {view.slo.spec} where the "
-                f"{view.source.replace('_', ' ')} count {view.weight_total:.0f}: spans were lost, or "
-                "sampled downstream without updating their 'th'; the quantiles come from the "
-                f"{view.source.replace('_', ' ')}"
+                f"the traces hold {kept} of the {view.weight_total:.0f} requests of SLO {view.slo.spec} the "
+                f"{view.source.replace('_', ' ')} count (the others were not kept, or their spans were lost): "
+                f"the quantiles come from the {view.source.replace('_', ' ')}"
             )
     if unknown and facts["evidence"]:
         cost = (

@@ -45,7 +45,8 @@ from stagescope.instrumentation.disconnect import (
 )
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
-from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy, parse_tracestate
+from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
+from stagescope.instrumentation.tracestate import parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
@@ -282,13 +283,13 @@ class StagescopeMiddleware:
                 reason = REASON_BASELINE if rec.parent_sampled else None
             else:
                 caller = rec.caller
-                reason = state.policy.decide(
+                reason, threshold = state.policy.keep(
                     rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed,
-                    caller.rv if caller is not None else None,
+                    caller.rv if caller is not None else None, rec.route,
                 )  # fmt: skip
                 if reason is not None:
                     rec.trace_state = state.policy.tracestate(
-                        reason, rec.trace_id, rec.parent_sampled, caller
+                        reason, rec.trace_id, rec.parent_sampled, caller, threshold
                     )
             rec.sampled_reason = reason
             if state.record_hook is not None:

@@ -13,8 +13,10 @@ Policy, first match wins (configuration: explicit argument, then environment, th
   argument if given (a trace-id ratio), else ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``
   (``always_on``, ``traceidratio``, ``parentbased_always_on``, ``parentbased_always_off``,
   ``parentbased_traceidratio``; the ``parentbased_*`` ones follow the caller's ``sampled`` flag when a
-  ``traceparent`` came in), else ``STAGESCOPE_BASELINE_SAMPLE`` (a trace-id ratio), else
-  :data:`DEFAULT_BASELINE_SAMPLE`.
+  ``traceparent`` came in), else ``STAGESCOPE_BASELINE_SAMPLE`` (a trace-id ratio), else the
+  default: :data:`DEFAULT_BASELINE_SAMPLE`, raised on a quiet route so that it keeps about
+  :data:`DEFAULT_BASELINE_MIN_PER_S` baseline traces a second (``STAGESCOPE_BASELINE_MIN_PER_S``,
+  0 = none; see :class:`RouteFloor`): 1 % of a few dozen requests a second is no baseline at all.
 
 **Probability sampling** (OpenTelemetry ``specification/trace/tracestate-probability-sampling.md``,
 ``tracestate-handling.md`` and the ``TraceIdRatioBased`` section of ``sdk.md``): a ratio ``p`` becomes
@@ -38,24 +40,34 @@ Python service on that sampler and a stagescope service at the same ratio do not
 from __future__ import annotations
 
 import logging
-import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stagescope.instrumentation.tracestate import (
+    _MASK56,
+    _MAX_T,
+    TH_PRECISION,
+    TRACESTATE_P1,
+    CallerState,
+    _tracestate,
+    parse_tracestate,
+    probability_to_threshold,
+    threshold_probability,
+    threshold_to_th,
+)
 from stagescope.names import (
+    ENV_BASELINE_MIN_PER_S,
     ENV_BASELINE_SAMPLE,
     ENV_SLOW_THRESHOLD_MS,
-    OT_RANDOMNESS,
-    OT_THRESHOLD,
     SAMPLED_BASELINE,
     SAMPLED_ERROR,
     SAMPLED_SLOW,
-    SAMPLING_MAX_THRESHOLD,
-    TRACESTATE_OT,
 )
 
 __all__ = [
+    "DEFAULT_BASELINE_MIN_PER_S",
     "DEFAULT_BASELINE_SAMPLE",
     "DEFAULT_SLOW_THRESHOLD_MS",
     "REASON_BASELINE",
@@ -63,6 +75,7 @@ __all__ = [
     "REASON_SLOW",
     "TH_PRECISION",
     "CallerState",
+    "RouteFloor",
     "SamplingPolicy",
     "parse_tracestate",
     "probability_to_threshold",
@@ -76,15 +89,14 @@ _log = logging.getLogger(__name__)
 DEFAULT_SLOW_THRESHOLD_MS = 250.0
 #: Share of the other requests that keep their trace, by default.
 DEFAULT_BASELINE_SAMPLE = 0.01
+#: By default a route keeps at least about this many baseline traces a second (see RouteFloor).
+DEFAULT_BASELINE_MIN_PER_S = 2.0
+_MAX_FLOOR_ROUTES = 256
 
 REASON_SLOW = SAMPLED_SLOW
 REASON_ERROR = SAMPLED_ERROR
 REASON_BASELINE = SAMPLED_BASELINE
 
-#: Significant hex digits of a ratio's threshold (the specification's recommended SDK default).
-TH_PRECISION = 4
-_MAX_T = SAMPLING_MAX_THRESHOLD
-_MASK56 = _MAX_T - 1
 _HEAD_MODES = (
     "always_on",
     "always_off",
@@ -93,89 +105,42 @@ _HEAD_MODES = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
-#: The tracestate of a span kept with probability 1 (slow, failed, always_on).
-TRACESTATE_P1 = f"{TRACESTATE_OT}={OT_THRESHOLD}:0"
 
 
-def probability_to_threshold(p: float, precision: int = TH_PRECISION) -> int:
-    """The 56-bit rejection threshold of sampling probability ``p`` (in ``(0, 1]``), rounded to
-    ``precision`` significant hex digits of ``p`` (more digits of the threshold for small ``p``, whose
-    threshold starts with ``f``s), as the specification's conversion does: 0.01 -> ``fd70a``, 0.1 ->
-    ``e666``, 1 -> 0. ``p`` below 2^-56 gets the largest threshold (about one trace in 2^56)."""
-    if p >= 1.0:
-        return 0
-    if p <= 0.0:
-        return _MAX_T  # never: no randomness value reaches it (not a probability; never written)
-    _, exp = math.frexp(p)
-    digits = max(1, min(14, precision + exp // -4))
-    unit = 16 ** (14 - digits)
-    t = _MAX_T - round(p * _MAX_T)
-    return min(_MASK56, (t + unit // 2) // unit * unit)
+class RouteFloor:
+    """The default head probability per route: ``ratio``, raised so that a route keeps about
+    ``per_s`` baseline traces a second. The ``k``-th request of a second on a route (counting those
+    the head sampler decides on) is kept with probability ``max(ratio, min(1, per_s / max(prev, k)))``,
+    ``prev`` being the route's count in the previous second. It depends only on the requests before
+    it, never on this request's latency or trace id, so the ``th`` written for it is truthful and
+    ``1 / p`` is its Horvitz-Thompson weight; a busy route keeps ``ratio`` (at 1 %, from 200 requests
+    a second up). (A reservoir, "the first N a second", would not say with what probability.)"""
 
+    __slots__ = ("_cache", "_state", "per_s", "ratio")
 
-def threshold_to_th(threshold: int) -> str:
-    """``th`` value of a threshold: 14 hex digits with the trailing zeros dropped (``0`` for 0)."""
-    return "0" if threshold == 0 else format(threshold, "014x").rstrip("0")
+    def __init__(self, per_s: float, ratio: float) -> None:
+        self.per_s, self.ratio = per_s, ratio
+        self._state: dict[str, list[int]] = {}  # route -> [second, count in it, count in the one before]
+        self._cache: dict[int, int] = {}  # max(prev, k) -> threshold
 
-
-def threshold_probability(threshold: int) -> float:
-    """Sampling probability of a rejection threshold: ``(2^56 - threshold) / 2^56``."""
-    return (_MAX_T - threshold) / _MAX_T
-
-
-def _hex56(value: str, exact: bool) -> int | None:
-    """A 56-bit value from 1-14 hex digits padded with trailing zeros (``th``), or exactly 14 (``rv``)."""
-    if not 1 <= len(value) <= 14 or (exact and len(value) != 14):
-        return None
-    try:
-        return int(value.ljust(14, "0"), 16)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class CallerState:
-    """What a caller's ``tracestate`` says about sampling: its ``th`` and ``rv`` (None when absent or
-    invalid), the other ``ot`` sub-keys and the other vendors' entries (kept as they came)."""
-
-    th: int | None = None
-    rv: int | None = None
-    ot_rest: tuple[str, ...] = ()
-    others: tuple[str, ...] = ()
-
-
-def parse_tracestate(header: str) -> CallerState:
-    """The sampling part of a W3C ``tracestate`` header value (see :class:`CallerState`)."""
-    th = rv = None
-    ot_rest: list[str] = []
-    others: list[str] = []
-    for member in header.split(","):
-        member = member.strip()
-        if not member:
-            continue
-        key, _, value = member.partition("=")
-        if key.strip() != TRACESTATE_OT:
-            others.append(member)
-            continue
-        for sub in value.split(";"):
-            k, _, v = sub.partition(":")
-            if k == OT_THRESHOLD:
-                th = _hex56(v, exact=False)
-            elif k == OT_RANDOMNESS:
-                rv = _hex56(v, exact=True)
-                ot_rest.append(sub)
-            elif sub:
-                ot_rest.append(sub)
-    return CallerState(th, rv, tuple(ot_rest), tuple(others))
-
-
-def _tracestate(th: str | None, caller: CallerState | None) -> str | None:
-    """Our tracestate: the ``ot`` entry first (with ``th`` when known), then the caller's others."""
-    if caller is None:
-        return f"{TRACESTATE_OT}={OT_THRESHOLD}:{th}" if th is not None else None
-    subs = ([f"{OT_THRESHOLD}:{th}"] if th is not None else []) + list(caller.ot_rest)
-    members = ([f"{TRACESTATE_OT}={';'.join(subs)}"] if subs else []) + list(caller.others)
-    return ",".join(members) or None
+    def threshold(self, route: str, now_s: int) -> int:
+        """The rejection threshold for the next head decision on ``route`` at monotonic second ``now_s``."""
+        st = self._state.get(route)
+        if st is None:
+            if len(self._state) >= _MAX_FLOOR_ROUTES:
+                route = ""  # bounded, as the route label is: the rest share one floor
+            st = self._state.setdefault(route, [now_s, 0, 0])
+        if st[0] != now_s:
+            st[2] = st[1] if now_s == st[0] + 1 else 0
+            st[0], st[1] = now_s, 0
+        st[1] += 1
+        d = max(st[2], st[1])
+        t = self._cache.get(d)
+        if t is None:
+            t = probability_to_threshold(max(self.ratio, min(1.0, self.per_s / d)))
+            if len(self._cache) < 4096:
+                self._cache[d] = t
+        return t
 
 
 def _env_float(env: Mapping[str, str], key: str) -> float | None:
@@ -194,18 +159,25 @@ class SamplingPolicy:
     :meth:`tracestate` once per kept one.
 
     ``head``: one of the ``OTEL_TRACES_SAMPLER`` values above (a ratio sampler is ``traceidratio``);
-    ``ratio``: its ratio; ``slow_ns``: the tail threshold in nanoseconds (``None``: no slow rule).
+    ``ratio``: its ratio; ``slow_ns``: the tail threshold in nanoseconds (``None``: no slow rule);
+    ``min_per_s``: the default policy's floor of baseline traces a second per route (:class:`RouteFloor`).
     """
 
     head: str
     ratio: float
     slow_ns: int | None
+    min_per_s: float | None = None
     _threshold: int = field(init=False, repr=False, compare=False)
     _baseline_ts: str | None = field(init=False, repr=False, compare=False)
+    _floor: RouteFloor | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         t = probability_to_threshold(self.ratio)
         object.__setattr__(self, "_threshold", t)
+        floor = None
+        if self.min_per_s and self.head == "traceidratio" and self.ratio < 1.0:
+            floor = RouteFloor(self.min_per_s, self.ratio)
+        object.__setattr__(self, "_floor", floor)
         root = self.head.removeprefix("parentbased_")
         th = None
         if root == "always_on":
@@ -258,7 +230,13 @@ class SamplingPolicy:
         env_ratio = _env_float(env, ENV_BASELINE_SAMPLE)
         if env_ratio is not None:
             return cls("traceidratio", _check_ratio(env_ratio, ENV_BASELINE_SAMPLE), slow_ns)
-        return cls("traceidratio", DEFAULT_BASELINE_SAMPLE, slow_ns)
+        floor = _env_float(env, ENV_BASELINE_MIN_PER_S)
+        if floor is not None and floor < 0:
+            raise ValueError(f"{ENV_BASELINE_MIN_PER_S} must be >= 0, got {floor}")
+        return cls(
+            "traceidratio", DEFAULT_BASELINE_SAMPLE, slow_ns,
+            DEFAULT_BASELINE_MIN_PER_S if floor is None else floor,
+        )  # fmt: skip
 
     @property
     def keeps_everything(self) -> bool:
@@ -286,17 +264,39 @@ class SamplingPolicy:
         duration_ns: int,
         failed: bool,
         rv: int | None = None,
+        route: str = "",
     ) -> str | None:
         """The reason a finished request keeps its trace (``error``, ``slow``, ``baseline``) or None."""
+        return self.keep(trace_id, parent_sampled, duration_ns, failed, rv, route)[0]
+
+    def keep(
+        self,
+        trace_id: int,
+        parent_sampled: bool | None,
+        duration_ns: int,
+        failed: bool,
+        rv: int | None = None,
+        route: str = "",
+    ) -> tuple[str | None, int | None]:
+        """:meth:`decide`'s reason and the rejection threshold the head ratio used (None where no
+        ratio decided: the caller's flag, always_on/off, the tail rules), for :meth:`tracestate`."""
         if self.head == "always_off":
-            return None
+            return None, None
         if failed:
-            return REASON_ERROR
+            return REASON_ERROR, None
         if self.slow_ns is not None and duration_ns >= self.slow_ns:
-            return REASON_SLOW
-        if self.head_keep(trace_id, parent_sampled, rv):
-            return REASON_BASELINE
-        return None
+            return REASON_SLOW, None
+        if self.head.startswith("parentbased_") and parent_sampled is not None:
+            return (REASON_BASELINE if parent_sampled else None), None  # the caller decided
+        root = self.head.removeprefix("parentbased_")
+        if root != "traceidratio":
+            return (REASON_BASELINE if root == "always_on" else None), None
+        if self._floor is None:
+            t = self._threshold
+        else:
+            t = self._floor.threshold(route, time.monotonic_ns() // 1_000_000_000)
+        r = rv if rv is not None else trace_id & _MASK56
+        return (REASON_BASELINE, t) if r >= t else (None, None)
 
     def tracestate(
         self,
@@ -304,9 +304,11 @@ class SamplingPolicy:
         trace_id: int,
         parent_sampled: bool | None,
         caller: CallerState | None = None,
+        threshold: int | None = None,
     ) -> str | None:
         """The W3C tracestate of a request kept for ``reason``: its ``ot`` entry says with what
-        probability it was kept (see the module docstring); None when there is nothing to say."""
+        probability it was kept (see the module docstring); None when there is nothing to say.
+        ``threshold``: the one :meth:`keep` says the head ratio used (default: the policy's ratio)."""
         if reason != REASON_BASELINE:
             th: str | None = "0"
         elif self.head.startswith("parentbased_") and parent_sampled is not None:
@@ -314,6 +316,8 @@ class SamplingPolicy:
             if caller is not None and caller.th is not None:
                 r = caller.rv if caller.rv is not None else trace_id & _MASK56
                 th = threshold_to_th(caller.th) if r >= caller.th else None
+        elif threshold is not None and threshold != self._threshold:
+            th = threshold_to_th(threshold)
         elif caller is None:
             return self._baseline_ts
         else:

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from stagescope import __version__
 from stagescope.instrumentation.otlp_json import encode_attributes
 from stagescope.instrumentation.record import RequestRecord, to_wall_ns
-from stagescope.instrumentation.sampling import CallerState
+from stagescope.instrumentation.tracestate import CallerState
 from stagescope.names import (
     ATTR_BATCH_SIZE,
     ATTR_COLD_START,
