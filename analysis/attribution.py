@@ -252,8 +252,9 @@ def attribute(
     weight: str | None = None
     if strata:  # each stratum weighs what the SLI samples hold in it
         weight = stratum_weights(
-            con, [(c, got[f"stratum_w{i}"]) for i, c in enumerate(strata)], BREAKDOWN, sw
-        )
+            con, [(c, got[f"stratum_w{i}"]) for i, c in enumerate(strata)], BREAKDOWN, sw,
+            exact="exact" if calibrate and sub is None else None,  # every traced request is there
+        )  # fmt: skip
     elif sw != "1.0":
         weight = sw
     weighted = view.weighted or calibrate or sw != "1.0"

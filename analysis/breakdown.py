@@ -12,8 +12,8 @@ per-request SLI view (analysis.attribution compares its tail and baseline rows):
   waiting for, i.e. the critical path. A segment counts once, so stages never sum above the request;
 * ``unattributed`` is the time in no stage; ``network`` (``e2e`` only) is the client-observed duration
   minus the server duration, where a load-generator CLIENT span exists;
-* beside them the request's :data:`REQUEST_ATTRIBUTES` and ``sw``, its sampling weight
-  (``1 / sampling_p``, analysis.weighting).
+* beside them the request's :data:`REQUEST_ATTRIBUTES`, ``sw``, its sampling weight
+  (``1 / sampling_p``, analysis.weighting), and ``exact``: it was kept with probability 1.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import duckdb
 
 from stagescope.analysis.breach import SLIView, network_expr, sql_str
-from stagescope.analysis.keys import REQUEST_KEY, has_request_keys, trace_ref
+from stagescope.analysis.keys import REQUEST_KEY, has_columns, has_request_keys, trace_ref
 from stagescope.analysis.kinds import StageCatalog, kinds_of_rows, row_kind_sql, stage_catalog
 from stagescope.names import STAGE_NETWORK, STAGE_OVERFLOW
 
@@ -49,7 +49,8 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
     holds no trace ids): ``trace_ref`` (the request's ``trace_key``, or its trace id where the data
     has no keys: see analysis.keys), an integer key ``tk`` (hash of trace_ref and start), SLI
     interval ``t0``-``t1`` (ns), ``value_ms``, ``network``, :data:`REQUEST_ATTRIBUTES`, ``sw`` (the
-    sampling weight, analysis.weighting) and ``request_key`` (NULL without request keys).
+    sampling weight, analysis.weighting), ``exact`` (kept with probability 1, known) and
+    ``request_key`` (NULL without request keys).
 
     Stage spans are joined to the requests of their trace and clipped to each one's interval; where
     a stage row carries its request's key (analysis.keys) only to that request. So the requests of one
@@ -61,7 +62,7 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
     src = (
         f"SELECT {trace_ref(con)} AS trace_ref, {rkey} AS request_key, start_unix_ns, "
         f"CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, {', '.join(REQUEST_ATTRIBUTES)}, "
-        f"{view.request_weight(con)} AS sw "
+        f"{view.request_weight(con)} AS sw, {_exact_sql(con)} AS exact "
         f"FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
     )
     where = f"WHERE {subset}" if subset else ""
@@ -69,9 +70,14 @@ def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | N
         f"""CREATE OR REPLACE TEMP TABLE ss_req AS
         SELECT trace_ref, hash(trace_ref, start_unix_ns) AS tk, request_key, start_unix_ns AS t0, value_ms,
                start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
-               {", ".join(REQUEST_ATTRIBUTES)}, sw
+               {", ".join(REQUEST_ATTRIBUTES)}, sw, exact
         FROM ({src}) {where}"""
     )
+
+
+def _exact_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL: the request was kept with probability 1, as its ``th`` (or sampled_reason) says."""
+    return "coalesce(sampling_p = 1, false)" if has_columns(con, "requests", "sampling_p") else "false"
 
 
 def build_breakdown(
@@ -156,11 +162,12 @@ def build_breakdown(
         f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
         WITH b AS (
             SELECT r.trace_ref, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network,
-                   {", ".join(f"r.{c}" for c in REQUEST_ATTRIBUTES)}, r.sw
+                   {", ".join(f"r.{c}" for c in REQUEST_ATTRIBUTES)}, r.sw, r.exact
             FROM ss_req r LEFT JOIN ss_fast f USING (tk) LEFT JOIN ss_sweep w USING (tk)
         )
-        SELECT b.* EXCLUDE (network, {", ".join(REQUEST_ATTRIBUTES)}, sw),
-               greatest(b.value_ms - ({total}), 0) AS unattributed, b.network, {", ".join(REQUEST_ATTRIBUTES)}, b.sw
+        SELECT b.* EXCLUDE (network, {", ".join(REQUEST_ATTRIBUTES)}, sw, exact),
+               greatest(b.value_ms - ({total}), 0) AS unattributed, b.network, {", ".join(REQUEST_ATTRIBUTES)}, b.sw,
+               b.exact
         FROM b"""
     )
     kinds_of_rows(con, cat, "ss_st")

@@ -147,20 +147,30 @@ def stratum_weights(
     strata: Sequence[tuple[str, float]],
     table: str,
     row_weight: str,
+    exact: str | None = None,
 ) -> str:
     """SQL for how many samples each row of ``table`` stands for: its ``row_weight`` (the sampling
     weight) times its stratum's factor, ``W / w_rows``: the stratum's weight ``W`` in the SLI samples
     (``strata``: (condition, W), disjoint, in order) over the rows' summed ``row_weight`` in ``table``.
     A stratum that has weight but no rows hands it to the next stratum with rows (the previous one
-    for the last), so the total weight is kept."""
+    for the last), so the total weight is kept.
+
+    ``exact`` (SQL, a boolean column): rows that stand for themselves only, wherever they are (kept
+    with probability 1 from a breakdown of every traced request: every slow request is there). They
+    weigh 1; the stratum's other weight, ``W`` less their number, goes to its other rows."""
+    ex = exact or "false"
     got = con.execute(
         "SELECT "
-        + ", ".join(f"coalesce(sum({row_weight}) FILTER (WHERE {c}), 0)" for c, _ in strata)
+        + ", ".join(
+            f"coalesce(sum({row_weight}) FILTER (WHERE ({c}) AND NOT {ex}), 0), count(*) FILTER (WHERE ({c}) AND {ex})"
+            for c, _ in strata
+        )
         + f" FROM {table}"
     ).fetchone()
-    have = [float(v) for v in got] if got else [0.0] * len(strata)
-    want = [float(w) for _, w in strata]
-    for i in range(len(strata)):  # move weight off strata with no rows
+    vals = [float(v) for v in got] if got else [0.0] * (2 * len(strata))
+    have, fixed = vals[0::2], vals[1::2]
+    want = [max(0.0, float(w) - f) for (_, w), f in zip(strata, fixed, strict=True)]
+    for i in range(len(strata)):  # move weight off strata with no rows to scale
         if want[i] and not have[i]:
             j = next((k for k in range(i + 1, len(strata)) if have[k]), None)
             if j is None:
@@ -170,7 +180,8 @@ def stratum_weights(
                 want[i] = 0.0
     whens = " ".join(f"WHEN {c} THEN {w / h!r}" for (c, _), w, h in zip(strata, want, have, strict=True) if h)
     factor = f"(CASE {whens} ELSE 0.0 END)" if whens else "1.0"
-    return factor if row_weight == "1.0" else f"({row_weight} * {factor})"
+    scaled = factor if row_weight == "1.0" else f"({row_weight} * {factor})"
+    return scaled if exact is None else f"(CASE WHEN {exact} THEN 1.0 ELSE {scaled} END)"
 
 
 def breakdown_quantile(
