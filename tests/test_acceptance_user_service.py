@@ -85,7 +85,7 @@ class Scraper:
 
 
 def _load(url: str, route: str, rate: float, out: Path, spans: Path, seed: int) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "stagescope.cli", "load", "--url", url, "--route", route,
+    cmd = [sys.executable, "-m", "stagescope.cli", "load", "--url", url + route,
            "--rate", str(rate), "--arrival", "poisson", "--duration", str(DURATION_S), "--seed", str(seed),
            "--out", str(out), "--spans-dir", str(spans), "--json", "--no-progress"]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(spans))
