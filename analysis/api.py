@@ -269,7 +269,7 @@ def _analyze_one(
         return report
     if view.trace_samples == 0:  # the figures come from a complete source; no trace to split
         warns.append(
-            f"no trace of SLO {chosen.spec}'s requests was kept (its figures come from the "
+            f"no trace of SLO {slo.spec}'s requests was kept (its figures come from the "
             f"{view.source.replace('_', ' ')}): nothing to split into stages"
         )
         return report
