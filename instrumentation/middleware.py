@@ -52,7 +52,8 @@ from stagescope.instrumentation.disconnect import (
 from stagescope.instrumentation.otel_context import join_live_span, request_context
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
-from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
+from stagescope.instrumentation.tracestate import parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
@@ -262,19 +263,29 @@ class StagescopeMiddleware:
         rec.live_sampled = False
         rec.emit_server = True
         rec.held_spans = None
+        rec.trace_state = None
+        rec.caller = None
         header = None
+        seen = False
+        caller_state = b""
         for k, v in scope.get("headers") or ():
-            if k == b"traceparent":
-                header = parse_traceparent(v)
-                break
+            if k == b"traceparent" and not seen:
+                header, seen = parse_traceparent(v), True
+            elif k == b"tracestate":  # W3C: several tracestate headers are one comma-joined list
+                caller_state = caller_state + b"," + v if caller_state else v
         live = get_current_span()
         ctx = None if live is INVALID_SPAN else live.get_span_context()
         if ctx is not None and ctx.is_valid and not ctx.is_remote:
-            if not join_live_span(rec, live, ctx, header, state.destination):
+            if join_live_span(rec, live, ctx, header, state.destination):
+                if state.mode == "otel-fastapi":  # its tracer provider's sampler decided (and set th)
+                    rec.trace_state = ctx.trace_state.to_header() if ctx.trace_state else None
+            else:
                 # another kind of local span (a user's span around the app): our span's parent
                 rec.trace_id, rec.parent_span_id = ctx.trace_id, ctx.span_id
                 rec.parent_sampled = bool(ctx.trace_flags.sampled)
                 rec.span_id = new_span_id()
+            if caller_state and header is not None and header[0] == rec.trace_id:
+                rec.caller = parse_tracestate(caller_state.decode("latin-1"))
         else:
             if header is None:
                 rec.trace_id = new_trace_id()
@@ -282,6 +293,8 @@ class StagescopeMiddleware:
                 rec.parent_sampled = None
             else:
                 rec.trace_id, rec.parent_span_id, rec.parent_sampled = header
+                if caller_state:  # only with a valid traceparent (W3C: tracestate goes with it)
+                    rec.caller = parse_tracestate(caller_state.decode("latin-1"))
             rec.span_id = new_span_id()
         try:
             state.metrics.request_started()
@@ -296,9 +309,17 @@ class StagescopeMiddleware:
             status = rec.status_code
             failed = rec.error_type is not None or (status is not None and status >= 500)
             if state.mode == "otel-fastapi":  # the instrumentor's sampler decided when the span started
-                reason = "baseline" if rec.live_sampled else None
+                reason = REASON_BASELINE if rec.live_sampled else None
             else:
-                reason = state.policy.decide(rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed)
+                caller = rec.caller
+                reason, threshold = state.policy.keep(
+                    rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed,
+                    caller.rv if caller is not None else None, rec.route,
+                )  # fmt: skip
+                if reason is not None:
+                    rec.trace_state = state.policy.tracestate(
+                        reason, rec.trace_id, rec.parent_sampled, caller, threshold
+                    )
             rec.sampled_reason = reason
             if state.record_hook is not None:
                 try:

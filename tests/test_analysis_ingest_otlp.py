@@ -157,8 +157,8 @@ def test_pretty_printed_gzip_document(tmp_path: Path) -> None:
 
 
 def test_relations_have_the_pinned_schema() -> None:
-    """The column names and types pinned in the plan ("Analysis tables"), even with no input, plus the
-    integer keys (analysis.keys) at the end."""
+    """The column names and types pinned in the plan ("Analysis tables"), even with no input, with the
+    sampling probability (issue 14) and the integer keys (analysis.keys) at the end."""
     ds = load_dataset()
     schema = {
         rel: _rows(ds, f"DESCRIBE {rel}") for rel in ("requests", "stages", "token_gaps", "metric_samples")
@@ -169,8 +169,8 @@ def test_relations_have_the_pinned_schema() -> None:
         ("start_unix_ns", "BIGINT"), ("duration_ms", "DOUBLE"), ("ttft_ms", "DOUBLE"), ("itl_mean_ms", "DOUBLE"),
         ("itl_p99_ms", "DOUBLE"), ("itl_max_ms", "DOUBLE"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
         ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
-        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"),
-        ("request_key", "UBIGINT"),
+        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("sampled_reason", "VARCHAR"),
+        ("sampling_p", "DOUBLE"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"), ("request_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),

@@ -33,6 +33,13 @@ parent in it are requests, so an in-process second SERVER span never counts as a
 
 Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
 (``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
+
+``requests.sampling_p`` is the probability that the request's trace was kept: from the ``th``
+rejection threshold in the ``ot`` entry of the request span's W3C tracestate (OpenTelemetry's
+probability sampling: ``(2^56 - th) / 2^56``); without a ``th``, 1 when ``stagescope.sampled_reason``
+is ``slow`` or ``error`` (stagescope keeps those whatever the trace id), else NULL: unknown (a
+collector's tail sampling, another vendor's sampler, a service that kept everything without saying
+so). ``sampled_reason`` is that attribute as written.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
 from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
-__all__ = ["REQUEST_COLUMNS", "derive_sql"]
+__all__ = ["REQUEST_COLUMNS", "derive_sql", "sampling_p_sql"]
 
 REQUEST_COLUMNS = {
     "trace_id": "VARCHAR",
@@ -68,12 +75,26 @@ REQUEST_COLUMNS = {
     "cold_start": "BOOLEAN",
     "client_duration_ms": "DOUBLE",
     "source": "VARCHAR",
+    "sampled_reason": "VARCHAR",
+    "sampling_p": "DOUBLE",
     "trace_key": "UBIGINT",
     "input_key": "UBIGINT",
     "request_key": "UBIGINT",
 }
 
 _VLLM = sql_str(names.VLLM_SPAN_NAME)
+_MAX_T = names.SAMPLING_MAX_THRESHOLD
+
+
+def sampling_p_sql(trace_state: str, reason: str) -> str:
+    """SQL: the sampling probability of a span from its tracestate's ``ot=...th:<hex>`` (1 to 14 hex
+    digits, padded with trailing zeros to 56 bits), else 1 for stagescope's ``slow``/``error`` keeps,
+    else NULL (see the module docstring)."""
+    ot = f"regexp_extract({trace_state}, '(?:^|,)[ \\t]*{names.TRACESTATE_OT}=([^,]*)', 1)"
+    th = f"nullif(regexp_extract({ot}, '(?:^|;){names.OT_THRESHOLD}:([0-9a-fA-F]{{1,14}})(?:;|$)', 1), '')"
+    t = f"TRY_CAST('0x' || rpad({th}, 14, '0') AS UBIGINT)"
+    keeps_all = ", ".join(sql_str(r) for r in (names.SAMPLED_SLOW, names.SAMPLED_ERROR))
+    return f"coalesce(({_MAX_T} - {t}) / {float(_MAX_T)!r}, CASE WHEN {reason} IN ({keeps_all}) THEN 1.0 END)"
 
 
 def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
@@ -120,6 +141,7 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
+  s.sampled_reason, {sampling_p_sql("s.trace_state", "s.sampled_reason")} AS sampling_p,
   {request_keys_sql("s.")}
 FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
