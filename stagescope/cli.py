@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import typing
 from collections.abc import Sequence
 
 from stagescope.errors import EXIT_USAGE, UserError
 from stagescope.extras import COMMAND_EXTRAS, require
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "OneLineParser", "build_parser", "main"]
 
 #: The modules that register sub-commands, in the order ``stagescope --help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -35,8 +36,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2, like every other
+    bad input (argparse's own prints the usage block first). Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="stagescope",
         description="Find which stage ate your inference latency SLO, and which lever fixes it.",
     )
