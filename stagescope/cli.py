@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import typing
 from collections.abc import Sequence
@@ -85,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"stagescope {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout piped into e.g. `head`, which left: nothing to report, no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's flush at exit must not raise again
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
