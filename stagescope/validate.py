@@ -47,15 +47,19 @@ PORT_MAX = 65535
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
     if lo is not None and hi is not None:
         left = "(" if lo_open else "["
         right = ")" if hi_open else "]"
-        return f"a finite number in {left}{lo:g}, {hi:g}{right}"
+        return f"a finite number in {left}{_num(lo)}, {_num(hi)}{right}"
     if lo is not None:
-        return f"a finite number {'>' if lo_open else '>='} {lo:g}"
+        return f"a finite number {'>' if lo_open else '>='} {_num(lo)}"
     if hi is not None:
-        return f"a finite number {'<' if hi_open else '<='} {hi:g}"
+        return f"a finite number {'<' if hi_open else '<='} {_num(hi)}"
     return "a finite number"
 
 
@@ -120,7 +124,9 @@ def integer(lo: int | None = None, hi: int | None = None) -> Callable[[str], int
         if re.fullmatch(r"[+-]?\d[\d_]*", text):  # exact, however many digits
             n = int(text.replace("_", ""))
             if (lo is not None and n < lo) or (hi is not None and n > hi):
-                check_number(text, "", lo=lo, hi=hi, integral=True, error=argparse.ArgumentTypeError)
+                rule = _range_text(lo, hi, False, False).replace("a finite number", "a whole number")
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                raise argparse.ArgumentTypeError(f"expected {rule}, got {shown!r}")
             return n
         x = check_number(text, "", lo=lo, hi=hi, integral=True, error=argparse.ArgumentTypeError)
         return int(x)
