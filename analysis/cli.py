@@ -79,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
 
     slos = restrict(parse_slo(args.slo), args.route, args.slo)
     try:
-        parse_duration_s(args.window)
+        window_s = parse_duration_s(args.window)
     except ValueError as exc:
         raise UserError(f"bad --window: {exc}") from None
+    if not 0.001 <= window_s <= 366 * 86400:  # the windows are whole nanoseconds, at least one sample wide
+        raise UserError(f"bad --window {args.window[:40]!r}: must be from 1ms to 366d")
     out = _check_inputs(args)
     try:
         from stagescope.analysis.ingest import load_dataset

@@ -158,8 +158,8 @@ def parse_arrival(spec: str) -> tuple[str, float]:
             raise UserError(
                 f"--arrival gamma needs a coefficient of variation, e.g. gamma:2.0 (got {spec!r})"
             ) from None
-        if not 0 < cv <= 100:  # also refuses nan and inf
-            raise UserError(f"--arrival gamma:CV needs a finite CV > 0, at most 100 (got {spec!r})")
+        if not 0.001 <= cv <= 100:  # also refuses nan and inf; a tinier CV is --arrival constant
+            raise UserError(f"--arrival gamma:CV needs a CV from 0.001 to 100 (got {spec!r})")
         return "gamma", cv
     raise UserError(f"unknown --arrival {spec!r}; use poisson, constant or gamma:CV")
 

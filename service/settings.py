@@ -133,6 +133,9 @@ class Settings:
             elif f.name in BOUNDS:
                 lo, hi = BOUNDS[f.name]
                 check_number(value, f"setting {f.name}", lo=lo, hi=hi, integral=isinstance(lo, int))
+        for name, least in _ZERO_OR_AT_LEAST.items():
+            if 0 < getattr(self, name) < least:
+                raise UserError(f"setting {name} must be 0 (off) or at least {least:g}, got {getattr(self, name)!r}")
         if self.num_entities * self.feature_dim > _MAX_FEATURE_FLOATS:
             raise UserError(
                 f"settings num_entities x feature_dim = {self.num_entities * self.feature_dim} floats; "
@@ -191,6 +194,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_new_tokens": (1, 1_000_000),
     "max_body_bytes": (1, 1 << 30),
 }
+#: Periods and rates where 0 means "off" and a tiny value would busy-loop or never finish a response.
+_ZERO_OR_AT_LEAST = {"egress_bytes_per_s": 1000.0, "feature_cache_refresh_s": 0.1, "model_reload_every_s": 1.0}
 _TEXT = ("service_name", "model_name", "llm_model_name")
 _MAX_FEATURE_FLOATS = 50_000_000
 
