@@ -225,6 +225,8 @@ CLI_ROWS: list[Cli] = [
     Cli("analyze-prometheus-down-checked-first", ("analyze", "--traces", "{tmp}/nope.jsonl", "--slo", "p99<300ms",
         "--prometheus", "{dead}"), r"--prometheus http://127\.0\.0\.1:\d+: cannot connect"),
     Cli("analyze-out-directory", (*_ANALYZE, "--slo", "p99<300ms", "--out", "{tmp}"), r"is a directory", real=True),
+    Cli("analyze-out-newline-directory", (*_ANALYZE, "--slo", "p99<300ms", "--out", "{tmp}/a\nb"),
+        r"a\\nb: is a directory", files={"a\nb/x": "x"}),
     Cli("analyze-out-no-folder", (*_ANALYZE, "--slo", "p99<300ms", "--out", "{tmp}/no/such/r.json"),
         r"output folder .* does not exist"),
     Cli("analyze-out-proc", (*_ANALYZE, "--slo", "p99<300ms", "--out", "/proc/nope.json"), r"/proc/nope.json"),
