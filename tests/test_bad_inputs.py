@@ -346,3 +346,64 @@ def test_alias_bomb_costs_little_memory(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 20 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
+# -- beyond the table: generic bad values on every option -------------------------------------------------
+# The table says what each bad input must answer; this sweep says that nothing a user might type into any
+# option (with the rest of the command line valid up to a quick stop) reaches them as a traceback.
+
+#: Values a user gets wrong for any kind of option; each option must refuse them in one line or accept them.
+GENERIC_VALUES = ("nan", "inf", "-inf", "-1", "1e400", "1e-300", "", " ", "x", "9" * 40, "a\nb", "/proc/nope",
+                  "{tmp}", "{tmp}/bin", "true", "http://127.0.0.1:99999", "%s")  # fmt: skip
+
+
+def _bases(tmp: Path, traces: Path, busy: int) -> dict[tuple[str, ...], list[str]]:
+    """Per command, a command line that is valid up to a quick stop (a busy port, a dead URL)."""
+    slo = tmp / "slo.yaml"
+    slo.write_text("slos:\n  - {name: a, service: inference, sli: e2e, threshold_ms: 300, objective: 0.99}\n")
+    return {
+        ("analyze",): ["--traces", str(traces), "--slo", "p99<300ms"],
+        ("load",): ["--url", f"http://127.0.0.1:{_closed_port()}", *("--rate", "10", "--duration", "1"),
+                    "--out", str(tmp / "r.parquet")],
+        ("serve",): ["--port", str(busy)],
+        ("demo",): ["--port", str(busy), "--out", str(tmp / "demo"), "--duration", "2"],
+        ("alerts", "build"): ["--slo", str(slo), "--out", str(tmp / "rules")],
+        ("dashboards", "build"): ["--out", str(tmp / "dash")],
+        ("gpu-exporter",): ["--port", str(busy)],
+    }
+
+
+def _value_options() -> list[tuple[tuple[str, ...], str]]:
+    out = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: tuple[str, ...]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, (*prefix, name))
+            elif action.option_strings and action.nargs != 0 and action.option_strings[-1].startswith("--"):
+                out.append((prefix, action.option_strings[-1]))
+
+    walk(build_parser(), ())
+    return out
+
+
+@pytest.mark.parametrize(("command", "option"), _value_options(), ids=[" ".join((*c, o)) for c, o in _value_options()])
+def test_generic_bad_values(command: tuple[str, ...], option: str, tmp_path: Path, traces: Path, busy_port: int,
+                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Exit 0 (accepted) or 2 with one line, never a traceback, for each generic value on this option."""
+    (tmp_path / "bin").write_bytes(bytes(range(256)) * 8)
+    monkeypatch.chdir(tmp_path)
+    base = _bases(tmp_path, traces, busy_port)[command]
+    if option in base:
+        i = base.index(option)
+        del base[i : i + 2]
+    problems = []
+    for value in GENERIC_VALUES:
+        value = value.replace("{tmp}", str(tmp_path))
+        arg = [f"{option}={value}"] if value.startswith("-") else [option, value]
+        code, _out, err = _run_in_process([*command, *base, *arg], {}, monkeypatch)
+        lines = err.splitlines()
+        if "Traceback" in err or code not in (0, 2) or (code == 2 and len(lines) != 1):
+            problems.append(f"{value!r}: exit {code}, {len(lines)} lines: {err[-300:]!r}")
+    assert not problems, "\n".join(problems)
