@@ -224,10 +224,13 @@ def check_reachable(url: str, what: str, *, timeout_s: float = 3.0) -> None:
     address is reported first, not after minutes of reading traces.
     """
     import socket
+    import urllib.request
 
     parts = urlsplit(url)
     host = parts.hostname or ""
     default = 443 if parts.scheme == "https" else 80
+    if parts.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(host):
+        return  # reached through a proxy (HTTP(S)_PROXY): a direct connection proves nothing
     try:
         with socket.create_connection((host, parts.port or default), timeout=timeout_s):
             pass
