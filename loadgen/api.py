@@ -230,6 +230,8 @@ async def run_load(
         hdrs["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
     if span_writer is None and _spans_enabled(spans_dir):
         check_span_destination(spans_dir, "client spans")
+    if target.api is None and template is not None and "model" in template.names and model is None:
+        raise UserError(f"{template.source} uses {{{{model}}}}: give --model NAME")  # known before connecting
     if check_connect:
         await check_url(target.origin)
     if target.api is not None and model is None and (template is None or "model" in template.names):
