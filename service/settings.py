@@ -42,8 +42,8 @@ __all__ = [
 BACKENDS = ("simulated", "numpy", "torch", "onnx")
 #: ``ort_optimization`` values (ONNX Runtime graph optimization levels, see service.onnx_backend).
 ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
-_HOUR_MS = 3_600_000.0
-_DAY_S = 86_400.0
+_HOUR_MS = 3_600_000  # whole numbers, so messages print them as such; a float lower bound keeps
+_DAY_S = 86_400  # the setting a float
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,8 @@ def parse_slo(spec: str) -> list[SLO]:
         raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100")
     threshold_ms = float(m["num"]) * (1000.0 if m["unit"] == "s" else 1.0)
     if not math.isfinite(threshold_ms):
-        raise UserError(f"bad SLO {spec[:40]!r}...: the threshold must be a finite number of ms or s")
+        shown = spec if len(spec) <= 40 else spec[:37] + "..."
+        raise UserError(f"bad SLO {shown!r}: the threshold must be a finite number of ms or s")
     try:
         return [SLO(name=text.replace(" ", ""), sli=sli, threshold_ms=threshold_ms, objective=pct / 100.0)]
     except ValueError as exc:
