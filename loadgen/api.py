@@ -230,6 +230,12 @@ async def run_load(
         hdrs["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
     if span_writer is None and _spans_enabled(spans_dir):
         check_span_destination(spans_dir, "client spans")
+        from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
+
+        try:
+            resolve_shutdown_timeout()  # the exporter of the CLIENT spans reads it after the run
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     if target.api is None and template is not None and "model" in template.names and model is None:
         raise UserError(f"{template.source} uses {{{{model}}}}: give --model NAME")  # known before connecting
     if check_connect:

@@ -86,8 +86,11 @@ def _check_telemetry(args: argparse.Namespace) -> None:
     mode = os.environ.get(names.ENV_INSTRUMENTATION_MODE, "").strip()
     if mode and mode not in MODES:
         raise UserError(f"{names.ENV_INSTRUMENTATION_MODE}={mode!r}: expected one of {', '.join(MODES)}")
+    from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
+
     try:
         SamplingPolicy.resolve(slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample)
+        resolve_shutdown_timeout()
     except ValueError as exc:
         raise UserError(str(exc)) from None
     V.check_span_destination(args.spans_out, "spans there")

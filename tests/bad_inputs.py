@@ -2,8 +2,9 @@
 
 Read by ``tests/test_bad_inputs.py``. Kinds of rows:
 
-* :class:`Cli`: a command line (after ``stagescope``). Expected: exit status ``exit`` (2 for bad input,
-  3 for no data), exactly one line on stderr matching ``match`` (a regex), no traceback. Placeholders in
+* :class:`Cli`: a command line (after ``stagescope``). Expected: exit status ``exit`` and no traceback;
+  for bad input (2) exactly one line on stderr matching ``match`` (a regex); for no data (3) the
+  report on stdout matches ``match`` (its first line says why) and stderr holds no error line. Placeholders in
   ``argv``: ``{tmp}`` (a fresh folder holding ``files``), ``{traces}`` (a valid OTLP/JSON spans file of
   800 requests), ``{dead}`` (``http://127.0.0.1:<a port nobody listens on>``). ``env`` is added to the
   environment. ``real=True`` rows also run through the installed ``stagescope`` executable.
@@ -45,6 +46,7 @@ class Http:
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
     raw: bytes | None = None  # sent as-is on a socket instead (malformed framing; the answer may be text)
+    half_close: bool = False  # then the client stops sending (shutdown SHUT_WR): status 0 = no answer
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,26 @@ CLI_ROWS: list[Cli] = [
         r"f/r.json: output folder .* does not exist", files={"f": "x"}),
     Cli("analyze-skip-bad-missing", (*_ANALYZE, "{tmp}/nope.jsonl", "--skip-bad", "--slo", "p99<300ms",
         "--window", "0m"), r"bad --window"),
+    Cli("analyze-route-empty", (*_ANALYZE, "--slo", "p99<300ms", "--route", ""), r"--route: empty route"),
+    Cli("analyze-route-newline", (*_ANALYZE, "--slo", "p99<300ms", "--route", "/a\nb"),
+        r"--route '/a\\nb': control characters"),
+    Cli("analyze-route-not-in-slo-file", (*_ANALYZE, "--slo", "{tmp}/slo.yaml", "--route", "/v1/generate"),
+        r"--route /v1/generate: no SLO in .*slo.yaml is for it", files={"slo.yaml": slo_yaml()}),
+    # -- no data is never a verdict: exit 3, the reason in the report's first line (stdout) -------------
+    Cli("analyze-nodata-empty-folder", ("analyze", "--traces", "{tmp}/spans", "--slo", "p99<300ms"),
+        r"NO DATA -- 0 samples: no trace files read: .*spans holds no trace files", exit=3,
+        files={"spans/notes.txt": "x"}, real=True),
+    Cli("analyze-nodata-route", (*_ANALYZE, "--slo", "p99<300ms", "--route", "/nope"),
+        r"NO DATA -- 0 samples: route /nope not in the data: routes seen are /v1/predict", exit=3),
+    Cli("analyze-nodata-slo-file-route", (*_ANALYZE, "--slo", "{tmp}/slo.yaml"),
+        r"NO DATA -- 0 samples: route /nope not in the data", exit=3, files={"slo.yaml": slo_yaml(route="/nope")}),
+    Cli("analyze-nodata-ttft", (*_ANALYZE, "--slo", "ttft:p95<500ms"),
+        r"NO DATA -- 0 samples: .* none with a TTFT", exit=3),
+    Cli("analyze-nodata-itl", (*_ANALYZE, "--slo", "itl:p99<60ms"), r"NO DATA -- 0 samples", exit=3),
+    Cli("analyze-nodata-json", ("analyze", "--traces", "{tmp}/spans", "--slo", "p99<300ms", "--format", "json"),
+        r'"status": "no_data"', exit=3, files={"spans/notes.txt": "x"}),
+    Cli("analyze-nodata-out-file", ("analyze", "--traces", "{tmp}/spans", "--slo", "p99<300ms", "--out",
+        "{tmp}/r.txt"), r"\A\Z", exit=3, files={"spans/notes.txt": "x"}),
     # -- load ------------------------------------------------------------------------------------------
     Cli("load-no-schedule", _LOAD, r"give --rate R \(with --duration S\) or --trace PATH"),
     Cli("load-url-not-url", ("load", "--url", "localhost:8000", *_SYN, "--out", "{tmp}/r.parquet"),
@@ -310,6 +332,8 @@ CLI_ROWS: list[Cli] = [
     Cli("load-spans-dir-proc", (*_LOAD, *_SYN, "--spans-dir", "/proc/nope"), r"/proc/nope: cannot write", real=True),
     Cli("load-spans-dir-file", (*_LOAD, *_SYN, "--spans-dir", "{tmp}/f"), r"f: cannot write", files={"f": "x"}),
     Cli("load-spans-env-proc", (*_LOAD, *_SYN), r"/proc/nope: cannot write", env={"STAGESCOPE_SPANS_DIR": "/proc/nope"}),
+    Cli("load-env-shutdown-timeout", (*_LOAD, *_SYN, "--spans-dir", "{tmp}/s"), r"STAGESCOPE_SHUTDOWN_TIMEOUT_S",
+        env={"STAGESCOPE_SHUTDOWN_TIMEOUT_S": "soon"}),
     Cli("load-otlp-endpoint-bad", (*_LOAD, *_SYN), r"OTEL_EXPORTER_OTLP_ENDPOINT",
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:99999"}),
     Cli("load-repeat-share-nan", (*_LOAD, *_SYN, "--repeat-share", "nan"), r"argument --repeat-share"),
@@ -417,6 +441,10 @@ CLI_ROWS: list[Cli] = [
         env={"STAGESCOPE_SPANS_DIR": "/proc/nope"}),
     Cli("serve-env-otlp-endpoint", ("serve", "--port", "0"), r"OTEL_EXPORTER_OTLP_ENDPOINT",
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4318"}),
+    Cli("serve-env-shutdown-timeout-nan", ("serve", "--port", "0"), r"STAGESCOPE_SHUTDOWN_TIMEOUT_S",
+        env={"STAGESCOPE_SHUTDOWN_TIMEOUT_S": "nan"}),
+    Cli("serve-env-shutdown-timeout-negative", ("serve", "--port", "0"), r"STAGESCOPE_SHUTDOWN_TIMEOUT_S",
+        env={"STAGESCOPE_SHUTDOWN_TIMEOUT_S": "-5"}),
     Cli("serve-env-mode", ("serve", "--port", "0"), r"STAGESCOPE_INSTRUMENTATION_MODE",
         env={"STAGESCOPE_INSTRUMENTATION_MODE": "turbo"}),
     # -- demo ------------------------------------------------------------------------------------------
@@ -563,6 +591,13 @@ HTTP_ROWS: list[Http] = [
          {"Content-Type": "application/json", "traceparent": "garbage"}),
     Http("traceparent-zero-ids-ignored", "POST", _PREDICT, 200, r'"top"', _BODY,
          {"Content-Type": "application/json", "traceparent": "00-" + "0" * 32 + "-" + "0" * 16 + "-01"}),
+    Http("predict-bad-chunk-size", "POST", _PREDICT, 400, r"Invalid HTTP request",
+         raw=b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n"),
+    Http("predict-body-cut-short", "POST", _PREDICT, 0, r"\A\Z",
+         raw=_head(b"Content-Length: 100") + b'{"inputs": [1', half_close=True),
+    Http("generate-body-cut-short", "POST", _GENERATE, 0, r"\A\Z",
+         raw=_head(b"Content-Length: 100").replace(b"/v1/predict", b"/v1/generate") + b'{"prompt": "a', half_close=True),
     Http("predict-brew", "BREW", _PREDICT, 405, r"Method Not Allowed"),
     Http("healthz-post", "POST", "/healthz", 405, r"Method Not Allowed", _BODY),
     Http("predict-get", "GET", _PREDICT, 405, r"Method Not Allowed"),
@@ -599,7 +634,7 @@ STARTS_ROWS: list[Starts] = [
     Starts(
         "serve-collector-unreachable",
         ("serve", "--port", "0"),
-        None,  # how often export failures are logged is the exporter's (one line a minute, README reliability)
+        r"exporting spans to .* failed",
         (("GET", "/healthz", 200), ("GET", "/readyz", 200), ("POST", _PREDICT, 200)),
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:{dead_port}"},
     ),
