@@ -295,8 +295,8 @@ def windows(
         w_s = parse_duration_s(window)
     except ValueError as exc:
         raise UserError(f"bad --window: {exc}") from None
-    if w_s <= 0:
-        raise UserError(f"bad --window {window!r}: must be positive")
+    if not 0.001 <= w_s <= 366 * 86400:  # a window under 1 ms is 0 ns wide once rounded down
+        raise UserError(f"bad --window {window!r}: must be from 1ms to 366d")
     w_ns = int(w_s * 1e9)
     q = view.slo.quantile
     thr = view.slo.threshold_ms

@@ -40,6 +40,7 @@ Python service on that sampler and a stagescope service at the same ratio do not
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -148,9 +149,12 @@ def _env_float(env: Mapping[str, str], key: str) -> float | None:
     if not raw:
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ValueError(f"environment variable {key}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"environment variable {key}={raw!r} is not a finite number")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +209,8 @@ class SamplingPolicy:
             slow_threshold_ms = _env_float(env, ENV_SLOW_THRESHOLD_MS)
         if slow_threshold_ms is None:
             slow_threshold_ms = DEFAULT_SLOW_THRESHOLD_MS
-        if slow_threshold_ms < 0:
-            raise ValueError(f"slow_threshold_ms must be >= 0, got {slow_threshold_ms}")
+        if not 0 <= slow_threshold_ms < math.inf:  # also refuses nan
+            raise ValueError(f"slow_threshold_ms must be a finite number >= 0, got {slow_threshold_ms}")
         slow_ns = int(slow_threshold_ms * 1e6)
 
         if baseline_sample is not None:
