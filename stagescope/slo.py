@@ -90,7 +90,7 @@ class SLO:
         if window_s > MAX_WINDOW_S:
             raise ValueError(f"window must be at most 366d, got {self.window[:40]!r}")
         if self.quality_budget is not None:
-            check_number(self.quality_budget, "quality_budget", lo=0.0, hi=100.0, error=ValueError)
+            check_number(self.quality_budget, "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError)
 
     @property
     def quantile(self) -> float:
@@ -237,7 +237,7 @@ def _slo_from_item(item: dict[str, Any]) -> SLO:
         window=item.get("window", "30d") if isinstance(item.get("window", "30d"), str) else _bad_window(item),
         quality_budget=None
         if item.get("quality_budget") is None
-        else check_number(item["quality_budget"], "quality_budget", lo=0.0, hi=100.0, error=ValueError),
+        else check_number(item["quality_budget"], "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError),
     )
 
 
