@@ -41,7 +41,10 @@ Model (stated, with its limits):
     scatter around the fit among the streams with the smallest running batch (interference from
     prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
-    the step in progress and their own step, each carrying one 256-token chunk.
+    the step in progress and their own step, each carrying one 256-token chunk;
+  - ``cap-output-tokens``: output tokens capped at the baseline's quantile at the same time per token
+    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers``, ``kv-cache-headroom`` and
+    ``prefix-caching``: their stage's tail capped at its baseline quantile.
 
 Limits: the model moves time within a request and keeps arrivals fixed; it cannot see effects the
 trace does not show (a cache's hit ratio on future traffic, a second executor's own warm-up), and for
@@ -450,6 +453,12 @@ def lever_prediction(
             ),
             "repeated inputs (every repeat of an input hash) served from the cache: no batch wait, queue, compute",
         )
+    if lever == N.LEVER_CAP_OUTPUT_TOKENS and col is not None:
+        from stagescope.analysis.engine_levers import cap_output_tokens
+
+        got = cap_output_tokens(con, view, attr, ev, col)
+        if got is not None:
+            return got
     if col is not None:
         cap = _base_q(ev, stage)
         return _q(

@@ -161,7 +161,7 @@ def route_lines(report: dict[str, Any]) -> list[str]:
 
 
 def counter_lines(report: dict[str, Any]) -> list[str]:
-    """Per-request means from the servers' own counters (Triton, vLLM), when they were scraped."""
+    """Per-request means from the servers' own counters (Triton, vLLM, SGLang), when they were scraped."""
     lines = []
     for r in report.get("server_counters", {}).get("triton", []):
         compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
@@ -170,9 +170,19 @@ def counter_lines(report: dict[str, Any]) -> list[str]:
             f"{_ms(r.get('queue_ms'))}, compute {_ms(compute)}"
         )
     for r in report.get("server_counters", {}).get("vllm", []):
+        engines = int(r.get("engines") or 1)
         lines.append(
-            f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "
-            f"prefill {_ms(r.get('prefill_ms'))}, decode {_ms(r.get('decode_ms'))}"
+            f"vLLM {r['model']}: {r['requests']:.0f} requests"
+            + (f" (summed over {engines} engine series)" if engines > 1 else "")
+            + f", per request queue {_ms(r.get('queue_ms'))}, prefill {_ms(r.get('prefill_ms'))}, "
+            f"decode {_ms(r.get('decode_ms'))}"
+        )
+    for r in report.get("server_counters", {}).get("sglang", []):
+        stages = ", ".join(f"{k} {_ms(v)}" for k, v in sorted((r.get("stages") or {}).items()))
+        n = f"{r['requests']:.0f} requests" if r.get("requests") is not None else "requests not counted"
+        lines.append(
+            f"SGLang {r['model']}: {n}, per request queue {_ms(r.get('queue_ms'))}"
+            + (f"; per stage {stages}" if stages else "")
         )
     return ["", *lines] if lines else []
 
@@ -263,7 +273,9 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
+        _table(["lever", "stage", "predicted", "rationale"], lever_rows)
+        if lever_rows
+        else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
@@ -310,7 +322,10 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
     if skipped:
         out += [
             "<h2>Routes not checked</h2>",
-            _table(["route", "requests", "why"], [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped]),
+            _table(
+                ["route", "requests", "why"],
+                [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped],
+            ),
         ]
     return out
 
@@ -318,7 +333,9 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
 def _warnings_html(report: dict[str, Any]) -> list[str]:
     if not report.get("warnings"):
         return []
-    return ["<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"]
+    return [
+        "<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"
+    ]
 
 
 def _no_lever(report: dict[str, Any]) -> str:

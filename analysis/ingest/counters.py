@@ -5,7 +5,8 @@ Triton exports cumulative microsecond counters (``nv_inference_queue_duration_us
 ``nv_inference_request_success``. The mean time per request in a window is
 ``increase(counter) / increase(request_success)`` (``rate(queue_us) / rate(request_success)``); for a
 single snapshot without timestamps it is the cumulative ratio since the server started. vLLM's stage
-histograms give the same through ``_sum / _count`` (seconds).
+histograms give the same through ``_sum / _count`` (seconds), summed over its engines and instances:
+:func:`~stagescope.analysis.ingest.engine_metrics.vllm_stage_means` (re-exported here).
 
 Increases are computed per series (labels, source) ordered by ``ts_ms``, counting a counter reset as
 a restart from zero (as PromQL's ``increase`` does). Results are in **milliseconds**.
@@ -20,6 +21,7 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis.ingest.engine_metrics import vllm_stage_means
 
 __all__ = ["triton_breakdown", "vllm_stage_means"]
 
@@ -29,14 +31,6 @@ _TRITON_PARTS = {
     "compute_infer": N.TRITON_COMPUTE_INFER_US,
     "compute_output": N.TRITON_COMPUTE_OUTPUT_US,
     "request": N.TRITON_REQUEST_DURATION_US,
-}
-_VLLM_PARTS = {
-    "queue": N.VLLM_QUEUE_TIME,
-    "prefill": N.VLLM_PREFILL_TIME,
-    "decode": N.VLLM_DECODE_TIME,
-    "inference": N.VLLM_INFERENCE_TIME,
-    "ttft": N.VLLM_TTFT,
-    "e2e": N.VLLM_E2E,
 }
 
 
@@ -90,22 +84,5 @@ def triton_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         req = row["request_ms"]
         row["overhead_ms"] = req - sum(parts) if req is not None and None not in parts else None
         row["queue_share"] = row["queue_ms"] / req if req and row["queue_ms"] is not None else None
-        out.append(row)
-    return out
-
-
-def vllm_stage_means(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Per vLLM model/source: requests (queue-histogram count) and mean ms per request of queue,
-    prefill, decode, inference, ttft and e2e (``_sum / _count`` increases)."""
-    metrics = [f"{h}_{s}" for h in _VLLM_PARTS.values() for s in ("sum", "count")]
-    out = []
-    for (source, model), inc in sorted(_series(con, metrics, (N.VLLM_LABEL_MODEL,)).items(), key=str):
-        row: dict[str, Any] = {
-            "model": model,
-            "source": source,
-            "requests": inc.get(f"{N.VLLM_QUEUE_TIME}_count"),
-        }
-        for part, h in _VLLM_PARTS.items():
-            row[f"{part}_ms"] = _per_request(inc.get(f"{h}_sum"), inc.get(f"{h}_count"), 1e3)
         out.append(row)
     return out
