@@ -9,7 +9,9 @@ Per-request facts (per-request SLIs, over every sample of the SLO, from ``reques
   per-token time) is told from *slow steps* (the same tokens, each slower);
 * ``input_tokens_tail`` / ``_baseline``: mean prompt tokens;
 * ``prefill_includes_queue``: the requests are SGLang's without its stage slices, so their prefill
-  holds the wait queue.
+  holds the wait queue;
+* ``repeated_hash_share_*`` from the load generator's results (prompts sent more than once) where
+  the requests carry no input hash of their own (an engine's spans carry none).
 
 Engine facts from ``metric_samples`` (:func:`~stagescope.analysis.ingest.engine_metrics.engine_metric_facts`:
 preemptions, KV-cache use, waiting requests, prefix-cache hit ratio, tokens per step, speculative
@@ -61,6 +63,22 @@ def _request_facts(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribut
     return out
 
 
+def _client_repeats(con: duckdb.DuckDBPyConnection, view: SLIView, cond: str) -> float | None:
+    """Share of the requests in ``cond`` whose prompt the load generator sent more than once (its
+    ``client_results.input_hash``, matched by trace id): engines' spans carry no input hash."""
+    try:
+        row = con.execute(
+            f"""WITH c AS (SELECT trace_id, input_hash FROM client_results WHERE input_hash IS NOT NULL),
+                     n AS (SELECT input_hash, count(*) AS k FROM c GROUP BY 1),
+                     r AS (SELECT trace_id FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, trace_id
+                           FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL) WHERE {cond})
+                SELECT avg((n.k >= 2)::INT) FROM r JOIN c USING (trace_id) JOIN n USING (input_hash)"""
+        ).fetchone()
+    except duckdb.Error:  # client_results without those columns (built by hand)
+        return None
+    return _r(row[0]) if row else None
+
+
 def _prefill_includes_queue(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
     """Most of the SLO's requests are SGLang's and none has a queue stage: their prefill is SGLang's
     ``time_in_model_prefill``, which runs from the dispatch to the scheduler and so holds the wait
@@ -104,6 +122,11 @@ def gather(
     if view.per_request:
         out.update(_request_facts(con, view, attr))
         out["prefill_includes_queue"] = _prefill_includes_queue(con, view)
+        if ev.get("repeated_hash_share_tail") is None:
+            shared = _client_repeats(con, view, attr.tail_condition)
+            if shared is not None:
+                out["repeated_hash_share_tail"] = shared
+                out["repeated_hash_share_baseline"] = _client_repeats(con, view, attr.baseline_condition)
     facts = engine_metric_facts(con)
     out.update({k: (_r(v, 4) if isinstance(v, float) else v) for k, v in facts.items()})
     if view.per_request:

@@ -8,12 +8,12 @@ with the running batch) gets KV-cache headroom before replicas; prefill of promp
 the prefix cache off or missing gets prefix caching before chunked prefill; a decode tail of long
 outputs at the baseline's time per token gets an output budget, not faster decoding; the engine's
 front end (its API server) gets more API-server processes. Low accelerator utilization with a slow
-CPU stage points to the
-pipeline, not the model. Rules are tried top to bottom; the first whose stage matches and whose
-condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
-must also pass the quality gate: when the service exported the accuracy its variant measured on the
-model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
-budget is not acceptable (:func:`rejected` lists it) and the next rule gives the lever.
+CPU stage points to the pipeline, not the model. Rules are tried top to bottom; the first whose stage
+matches and whose condition holds gives the lever. A lever that changes the model (``quantize``,
+``compile-runtime``) must also pass the quality gate: when the service exported the accuracy its
+variant measured on the model's eval set and the SLO sets a ``quality_budget``, a lever that costs
+more accuracy than the budget is not acceptable (:func:`rejected` lists it) and the next rule gives
+the lever.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _long_outputs(ev: Evidence) -> bool:
     """The tail generated much more (output tokens) at about the baseline's time per token."""
     ot, ob = ev.get("output_tokens_tail"), ev.get("output_tokens_baseline")
     pt, pb = ev.get("per_token_ms_tail"), ev.get("per_token_ms_baseline")
-    if None in (ot, ob, pt, pb) or not ob or not pb:
+    if ot is None or pt is None or not ob or not pb:
         return False
     return float(ot) >= LONG_OUTPUT_RATIO * float(ob) and float(pt) <= SAME_PER_TOKEN * float(pb)
 
@@ -160,7 +160,8 @@ def _prefill_is_waiting(ev: Evidence) -> bool:
     return (
         bool(ev.get("prefill_includes_queue"))
         and it is not None
-        and bool(ib)
+        and ib is not None
+        and float(ib) > 0
         and float(it) <= LONG_PROMPT_RATIO * float(ib)
     )
 

@@ -7,7 +7,7 @@ the upstream file it follows (excerpts in ``external/vllm/upstream`` and ``exter
 
 * :func:`vllm_spans`: vLLM's ``llm_request`` span in its V1 form (``OutputProcessor.do_tracing``,
   vllm-project/vllm vllm/v1/engine/output_processor.py @ d0782260) or V0 form (``create_trace_span``,
-  vllm/engine/llm_engine.py @ 1473f741), optionally named ``"{operation} {model}"`` with the semconv
+  vllm/engine/llm_engine.py @ 0005bbd7), optionally named ``"{operation} {model}"`` with the semconv
   opt-in (tests/tracing/test_gen_ai_semconv.py @ 2b106481) and with the lifecycle child spans
   (tests/tracing/test_request_lifecycle_tracing.py @ 8d1fa3c4); placed standalone, beside or under
   FastAPI's SERVER span (``opentelemetry-instrument vllm serve``: released vLLM makes them siblings,
@@ -32,7 +32,7 @@ import numpy as np
 from stagescope import names as N
 from stagescope.analysis.synth import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, AttrValue, SynthSpan
 
-__all__ = ["FAULTS", "LAYOUTS", "MODEL", "Timelines", "sglang_spans", "timelines", "vllm_spans"]
+__all__ = ["FAULTS", "LAYOUTS", "MODEL", "ROUTE", "Timelines", "sglang_spans", "timelines", "vllm_spans"]
 
 MODEL = "simulated/llm"
 ROUTE = "/v1/chat/completions"

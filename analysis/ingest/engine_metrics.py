@@ -13,7 +13,9 @@ increase. Per-request means are ``sum(increase(_sum)) / sum(increase(_count))``,
 
 **Increase.** A series' samples from several files or scrapes are one time series: with timestamps
 (a Prometheus range query, or exposition lines carrying them) its increase runs from the first to the
-last sample, a drop counting as a restart from zero (PromQL's ``increase`` without extrapolation);
+last sample, a drop counting as a restart from zero (PromQL's ``increase`` without extrapolation;
+a drop in any series of the same labels marks the restart for all of them, since a histogram's
+``_sum`` can grow across a restart that its ``_count`` shows);
 without timestamps a file is one snapshot, cumulative since the server started, and several
 snapshots of a series (a ``before`` and an ``after`` file) give their difference (largest minus
 smallest: a counter only grows between restarts). Gauges are summed over the engines at each
@@ -58,22 +60,31 @@ _VLLM_PARTS = {
 _SGLANG_PARTS = {"queue": N.SGLANG_QUEUE_TIME, "ttft": N.SGLANG_TTFT, "e2e": N.SGLANG_E2E}
 
 
-def _series_increase(points: Sequence[Point]) -> float | None:
-    """One series' increase (see the module docstring)."""
+def _drops(points: Sequence[Point]) -> set[int]:
+    """Timestamps at which a timestamped series went down (a restart)."""
+    timed = sorted((t, v) for t, v, _ in points if t is not None and v is not None)
+    return {tb for (_, a), (tb, b) in pairwise(timed) if b < a}
+
+
+def _series_increase(
+    points: Sequence[Point], resets: set[int] | frozenset[int] = frozenset()
+) -> float | None:
+    """One series' increase (see the module docstring); ``resets``: timestamps at which the server
+    restarted (any series of the same labels went down there: a histogram's ``_sum`` can grow across
+    a restart while its ``_count`` shows it), where the series counts from zero."""
     timed = sorted((t, v) for t, v, _ in points if t is not None and v is not None)
     if len({t for t, _ in timed}) >= 2:
         inc = 0.0
-        for (_, a), (_, b) in pairwise(timed):
-            inc += b - a if b >= a else b
+        for (_, a), (tb, b) in pairwise(timed):
+            inc += b if (b < a or tb in resets) else b - a
         return inc
-    snaps = [v for t, v, _ in points if v is not None]
-    if not snaps:
-        return None
     by_source: dict[str, float] = {}
     for _t, v, src in points:
         if v is not None:
             by_source[src] = max(by_source.get(src, v), v)
     values = list(by_source.values())
+    if not values:
+        return None
     return values[0] if len(values) == 1 else max(values) - min(values)
 
 
@@ -107,8 +118,12 @@ def increases(
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for kept, by_metric in pts.items():
         row: dict[str, Any] = {"_series": len(ids[kept])}
+        resets: dict[Any, set[int]] = defaultdict(set)  # per label set: restarts any of its series show
+        for series in by_metric.values():
+            for full, pts_ in series.items():
+                resets[full] |= _drops(pts_)
         for metric, series in by_metric.items():
-            incs = [x for x in (_series_increase(p) for p in series.values()) if x is not None]
+            incs = [x for x in (_series_increase(p, resets[f]) for f, p in series.items()) if x is not None]
             row[metric] = sum(incs) if incs else None
         out[kept] = row
     return out
@@ -153,8 +168,10 @@ def sglang_stage_means(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     stages = increases(con, [f"{per}_sum", f"{per}_count"], (N.SGLANG_LABEL_MODEL, N.SGLANG_LABEL_STAGE))
     for (model, stage), inc in sorted(stages.items(), key=str):
         mean = _mean(inc.get(f"{per}_sum"), inc.get(f"{per}_count"))
-        row = next((r for r in out if r["model"] == model), None)
-        if row is None:
+        found = [r for r in out if r["model"] == model]
+        if found:
+            row = found[0]
+        else:
             row = {"model": model, "requests": None, "series": inc["_series"], "stages": {}}
             out.append(row)
         if mean is not None and stage is not None:

@@ -21,9 +21,8 @@ on are in ``external/vllm/upstream`` and ``external/sglang/upstream``, see exter
   of the TTFT window (prefill ends at the first token, the queue before it, the front end before
   that); decode follows the first token, and what remains of ``e2e`` after the last token (the hand
   back to the front end) is ``front_end`` too. Never decode before the first token.
-* ``v0`` (vLLM V0, vllm/engine/llm_engine.py ``create_trace_span``, the file's last V0 form before
-  its removal; docs/design/metrics.md "Duplicated - Queue Time": ``time_in_queue = now -
-  arrival_time`` at the first schedule): ``time_in_queue`` is arrival -> first scheduled, no prefill
+* ``v0`` (vLLM V0, vllm/engine/llm_engine.py @ 0005bbd7 ``create_trace_span``; docs/design/metrics.md
+  "Duplicated - Queue Time": ``time_in_queue = now - arrival_time`` at the first schedule): ``time_in_queue`` is arrival -> first scheduled, no prefill
   or decode attributes (``time_in_scheduler``, ``time_in_model_forward/execute`` may be there): queue
   from the start, prefill queue -> first token (``time_to_first_token``), decode first token -> e2e.
 * ``sglang`` (sgl-project/sglang python/sglang/srt/observability/req_time_stats.py @ 00ce49e0,
