@@ -181,6 +181,17 @@ def _queue_depth(ev: Evidence) -> str:
     return "queue depth not recorded"
 
 
+def _batches(ev: Evidence) -> str:
+    """The batches the tail ran in: the executed batch size, else an engine's running requests."""
+    if ev.get("batch_size_tail") is not None:
+        return f"batches {_n(ev.get('batch_size_tail'))} (largest {_n(ev.get('batch_size_max'), nd=0)})"
+    if ev.get("running_tail") is not None or ev.get("running_mean") is not None:
+        t, m = ev.get("running_tail"), ev.get("running_mean")
+        return (f"running requests {_n(t)} around slow requests" if t is not None else
+                f"running requests {_n(m)} on average")  # fmt: skip
+    return "batch size not recorded"
+
+
 def _stage_line(ev: Evidence, stage: str) -> str:
     sq = ev.get("stage_quantiles", {}).get(stage) or {}
     ex = ev.get("excess", {}).get(stage)
@@ -204,7 +215,9 @@ def _quality_line(ev: Evidence, lever: str) -> str:
             f" Accuracy: the service exported no eval-set accuracy for {lever}: validate it on your eval set "
             "before serving it."
         )
-    budget = "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
+    budget = (
+        "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
+    )
     return (
         f" Accuracy on the model's eval set ({q['eval_samples'] or 'n/a'} samples): {q['accuracy_before']:.2%} as "
         f"served, {q['accuracy_after']:.2%} with {lever} ({q['drop_points']:.2f} points lost; {budget})."
@@ -275,8 +288,7 @@ RULES: tuple[Rule, ...] = (
         "per-request cost feeds the queue. Cut per-request cost (quantize) before scaling out."
         + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
     Rule(N.STAGE_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}; {_queue_depth(ev)}; batches {_n(ev.get('batch_size_tail'))} "
-        f"(largest {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}; compute explains only "
+        f"{_stage_line(ev, N.STAGE_QUEUE)}; {_queue_depth(ev)}; {_batches(ev)}; {_util(ev)}; compute explains only "
         f"{_share(ev, N.STAGE_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
         "(scale out, autoscale on queue depth).")),
     Rule(N.STAGE_COMPUTE, N.LEVER_CACHE_RESULTS,
