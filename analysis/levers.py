@@ -1,19 +1,27 @@
-"""The lever rules: ONE table from (stage, evidence) to a no-retrain lever, with a rationale that
-cites the measured numbers.
+"""The lever rules: ONE table from (stage kind, evidence) to a no-retrain lever, with a rationale
+that names the stage and cites the measured numbers.
+
+Rules are chosen by the stage's **kind** (``names.KINDS``), not its name: a team's own ``rerank``
+stage of kind ``compute`` gets the compute rules, a ``retrieve`` of kind ``fetch`` the cache rule,
+each with its own name in the rationale. A stage of kind ``unknown`` (a custom name nobody gave a
+kind) gets no lever: its rule says so and asks for the kind to be named. Time in no stage
+(``unattributed``) has a rule of its own.
 
 Order of practice: measure first (time in no stage -> add stage spans, no lever), then cut the
 per-request cost (cache, quantize, compile, batch settings), and scale out only when the queue, not
-per-request cost, owns the tail. For LLM engines: a queue the KV cache causes (preemptions rising
-with the running batch) gets KV-cache headroom before replicas; prefill of prompts that repeat with
-the prefix cache off or missing gets prefix caching before chunked prefill; a decode tail of long
-outputs at the baseline's time per token gets an output budget, not faster decoding; the engine's
-front end (its API server) gets more API-server processes. Low accelerator utilization with a slow
-CPU stage points to the pipeline, not the model. Rules are tried top to bottom; the first whose stage
-matches and whose condition holds gives the lever. A lever that changes the model (``quantize``,
-``compile-runtime``) must also pass the quality gate: when the service exported the accuracy its
-variant measured on the model's eval set and the SLO sets a ``quality_budget``, a lever that costs
-more accuracy than the budget is not acceptable (:func:`rejected` lists it) and the next rule gives
-the lever.
+per-request cost, owns the tail. For LLM engines (the evidence in
+:mod:`~stagescope.analysis.engine_rules`): a queue the KV cache causes gets KV-cache headroom before
+replicas; prefill of prompts that repeat with the prefix cache off gets prefix caching before chunked
+prefill; a decode tail of long outputs at the baseline's time per token gets an output budget, not
+faster decoding; the engine's front end (its API server, kind ``cpu``) gets more API-server
+processes, and a gateway in front of it (kind ``network``) is measured first. A rule may name the
+one stage it is for (``Rule.stage``); it then applies to that stage only, ahead of its kind's
+general rules. Low accelerator utilization with a slow CPU stage points to the pipeline, not the
+model. Rules are tried top to bottom; the first whose kind matches and whose
+condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
+must also pass the quality gate: when the service exported the accuracy its variant measured on the
+model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
+budget is not acceptable (:func:`rejected` lists it) and the next rule gives the lever.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagescope import names as N
+from stagescope.analysis import engine_rules as ER
 from stagescope.analysis import quality as QL
 
-__all__ = ["RULES", "Rule", "choose", "quality", "rejected"]
+__all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
 
 Evidence = dict[str, Any]
 
@@ -41,21 +50,6 @@ BATCH_DRIVEN_SHARE = 0.5
 BATCH_R2 = 0.3
 #: Accelerator utilization (percent) under which the accelerator is "starving".
 LOW_UTIL = 50.0
-#: Tail requests generating at least this many times the baseline's output tokens...
-LONG_OUTPUT_RATIO = 1.5
-#: ... at a time per token at most this many times the baseline's: long outputs, not slow steps.
-SAME_PER_TOKEN = 1.25
-#: SGLang's prefill (queue included) is waiting, not prompt processing, when the tail's prompts are at
-#: most this many times the baseline's (the baseline is the faster half, so its prompts run short).
-LONG_PROMPT_RATIO = 1.5
-#: Preemptions per request above which preemption counts as evidence (with the two below).
-PREEMPTION_RATE = 0.01
-#: Correlation of preemptions with the running batch over the scrape intervals that counts as "rising
-#: with the batch"; or a KV cache at least this full at some scrape.
-PREEMPTION_RUNNING_CORR = 0.3
-KV_FULL = 0.9
-#: Prefix-cache hit ratio under which shared prompts are being recomputed.
-LOW_PREFIX_HIT = 0.2
 
 
 def _n(x: Any, unit: str = "", nd: int = 1) -> str:
@@ -64,6 +58,19 @@ def _n(x: Any, unit: str = "", nd: int = 1) -> str:
 
 def _share(ev: Evidence, stage: str) -> float:
     return float(ev.get("shares", {}).get(stage, 0.0))
+
+
+def kind_share(ev: Evidence, kind: str) -> float:
+    """Summed share of the excess of every stage of ``kind`` (``ev["kinds"]``: stage -> kind)."""
+    kinds = ev.get("kinds", {})
+    return sum(float(v) for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind)
+
+
+def _of_kind(ev: Evidence, kind: str) -> str:
+    """The stages of ``kind`` that explain part of the excess, named for a rationale."""
+    kinds = ev.get("kinds", {})
+    found = [s for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind and float(v) > 0]
+    return "/".join(found) or kind
 
 
 def _util(ev: Evidence) -> str:
@@ -108,96 +115,17 @@ def _large_running(ev: Evidence) -> bool:
     return share is not None and share >= BATCH_DRIVEN_SHARE
 
 
-def _long_outputs(ev: Evidence) -> bool:
-    """The tail generated much more (output tokens) at about the baseline's time per token."""
-    ot, ob = ev.get("output_tokens_tail"), ev.get("output_tokens_baseline")
-    pt, pb = ev.get("per_token_ms_tail"), ev.get("per_token_ms_baseline")
-    if ot is None or pt is None or not ob or not pb:
-        return False
-    return float(ot) >= LONG_OUTPUT_RATIO * float(ob) and float(pt) <= SAME_PER_TOKEN * float(pb)
-
-
-def _tokens_line(ev: Evidence) -> str:
-    return (
-        f"the tail generated {_n(ev.get('output_tokens_tail'), nd=0)} output tokens per request vs "
-        f"{_n(ev.get('output_tokens_baseline'), nd=0)} in the baseline, at {_n(ev.get('per_token_ms_tail'), ' ms', 1)} "
-        f"vs {_n(ev.get('per_token_ms_baseline'), ' ms', 1)} per token"
-    )
-
-
-def _kv_pressure(ev: Evidence) -> bool:
-    """The engine preempts (evicts and later recomputes) requests, more as the running batch grows or
-    with the KV cache full: KV-cache pressure (vLLM ``vllm:num_preemptions``, SGLang retractions)."""
-    rate = ev.get("preemptions_per_request")
-    if rate is None or float(rate) < PREEMPTION_RATE:
-        return False
-    corr, kv = ev.get("preemptions_running_corr"), ev.get("kv_cache_usage_max")
-    return (corr is not None and float(corr) >= PREEMPTION_RUNNING_CORR) or (
-        kv is not None and float(kv) >= KV_FULL
-    )
-
-
-def _kv_line(ev: Evidence) -> str:
-    return (
-        f"the engine preempted {_n(ev.get('preemptions'), nd=0)} times "
-        f"({_n((ev.get('preemptions_per_request') or 0) * 100, '%', 1)} of requests), correlation with the "
-        f"running batch {_n(ev.get('preemptions_running_corr'), '', 2)}, KV cache up to "
-        f"{_n((ev.get('kv_cache_usage_max') or 0) * 100 if ev.get('kv_cache_usage_max') is not None else None, '%', 0)} full"
-    )
-
-
-def _shared_prompts_uncached(ev: Evidence) -> bool:
-    """Prompts repeat (input hashes seen before) while the prefix cache is off or rarely hits."""
-    shared = float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE
-    hit, on = ev.get("prefix_cache_hit_ratio"), ev.get("prefix_caching_enabled")
-    return shared and (on is False or (hit is not None and float(hit) < LOW_PREFIX_HIT))
-
-
-def _prefill_is_waiting(ev: Evidence) -> bool:
-    """SGLang's prefill (which holds its wait queue) is slow in the tail for prompts no longer than the
-    baseline's: the excess is waiting, not prompt processing."""
-    it, ib = ev.get("input_tokens_tail"), ev.get("input_tokens_baseline")
-    return (
-        bool(ev.get("prefill_includes_queue"))
-        and it is not None
-        and ib is not None
-        and float(ib) > 0
-        and float(it) <= LONG_PROMPT_RATIO * float(ib)
-    )
-
-
-def _queue_depth(ev: Evidence) -> str:
-    """The queue depth in the tail vs the baseline, from the requests or the engine's waiting gauge;
-    said as not measured (never "n/a") when neither was recorded."""
-    t, b = ev.get("queue_depth_tail"), ev.get("queue_depth_baseline")
-    if t is not None or b is not None:
-        src = f" ({ev['queue_depth_source']})" if ev.get("queue_depth_source") else ""
-        return f"queue depth {_n(t)} in the tail vs {_n(b)} in the baseline{src}"
-    if ev.get("waiting_mean") is not None:
-        return (
-            f"waiting requests {_n(ev.get('waiting_mean'))} on average, at most {_n(ev.get('waiting_max'), nd=0)} "
-            "(the engine's waiting gauge, scrapes without timestamps: not matched to requests)"
-        )
-    return "queue depth not recorded"
-
-
-def _batches(ev: Evidence) -> str:
-    """The batches the tail ran in: the executed batch size, else an engine's running requests."""
-    if ev.get("batch_size_tail") is not None:
-        return f"batches {_n(ev.get('batch_size_tail'))} (largest {_n(ev.get('batch_size_max'), nd=0)})"
-    if ev.get("running_tail") is not None or ev.get("running_mean") is not None:
-        t, m = ev.get("running_tail"), ev.get("running_mean")
-        return (f"running requests {_n(t)} around slow requests" if t is not None else
-                f"running requests {_n(m)} on average")  # fmt: skip
-    return "batch size not recorded"
-
-
 def _stage_line(ev: Evidence, stage: str) -> str:
     sq = ev.get("stage_quantiles", {}).get(stage) or {}
     ex = ev.get("excess", {}).get(stage)
-    txt = f"{stage} explains {_share(ev, stage):.0%} of the tail's excess latency ({_n(ex, ' ms')} per slow request)"
+    kind = ev.get("kinds", {}).get(stage)
+    named = stage if stage in N.STAGE_KINDS or stage == N.UNATTRIBUTED or not kind else f"{stage} (kind {kind})"
+    txt = f"{named} explains {_share(ev, stage):.0%} of the tail's excess latency ({_n(ex, ' ms')} per slow request)"
     if sq:
         txt += f"; tail p50 {_n(sq.get('tail_p50_ms'), ' ms')} vs baseline p50 {_n(sq.get('baseline_p50_ms'), ' ms')}"
+    if stage == N.STAGE_OVERFLOW:
+        txt += (f" ({N.STAGE_OVERFLOW} holds stage names past a cap on distinct names: see the warnings; "
+                "name fewer stages to see them apart)")
     return txt
 
 
@@ -215,9 +143,7 @@ def _quality_line(ev: Evidence, lever: str) -> str:
             f" Accuracy: the service exported no eval-set accuracy for {lever}: validate it on your eval set "
             "before serving it."
         )
-    budget = (
-        "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
-    )
+    budget = "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
     return (
         f" Accuracy on the model's eval set ({q['eval_samples'] or 'n/a'} samples): {q['accuracy_before']:.2%} as "
         f"served, {q['accuracy_after']:.2%} with {lever} ({q['drop_points']:.2f} points lost; {budget})."
@@ -236,14 +162,22 @@ def _not_acceptable(ev: Evidence, lever: str) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """``stage`` + ``when(evidence)`` -> ``lever``; ``why(evidence)`` is the rationale. ``gated``: the
-    lever changes the model, so it must also pass the quality gate."""
+    """``kind`` + ``when(evidence)`` -> ``lever``; ``why(evidence, stage)`` is the rationale for the
+    stage (of that kind) it is applied to. ``kind`` is one of ``names.KINDS``, ``names.KIND_UNKNOWN``
+    or ``names.UNATTRIBUTED`` (time in no stage). ``gated``: the lever changes the model, so it must
+    also pass the quality gate. ``stage``: the one stage name the rule is for (an LLM engine's
+    ``front_end``, a ``gateway``); None: every stage of the kind."""
 
-    stage: str
+    kind: str
     lever: str | None
     when: Callable[[Evidence], bool]
-    why: Callable[[Evidence], str]
+    why: Callable[[Evidence, str], str]
     gated: bool = False
+    stage: str | None = None
+
+    def matches(self, stage: str, key: str) -> bool:
+        """The rule is for this stage (``key``: its kind, or ``unattributed``)."""
+        return self.kind == key and (self.stage is None or self.stage == stage)
 
     def acceptable(self, ev: Evidence) -> bool:
         """False only when the gate applies and the measured accuracy drop exceeds the budget."""
@@ -255,130 +189,179 @@ def _always(ev: Evidence) -> bool:
     return True
 
 
+def _compute_feeds_queue(ev: Evidence) -> bool:
+    return kind_share(ev, N.KIND_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE
+
+
+def _repeats(ev: Evidence) -> bool:
+    return float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE
+
+
+def _pct(ev: Evidence, key: str) -> str:
+    return _n((ev.get(key) or 0) * 100, "%", 0)
+
+
+def _in(st: str) -> str:
+    return "" if st == N.STAGE_COMPUTE else " in " + st
+
+
+#: What receiving or sending the data costs, for the stages other servers measure (Triton's frontend
+#: and tensor copies): the kind's lever with advice for that stage; other stages of the kind get the
+#: kind's general advice.
+_INGRESS_ADVICE: dict[str, str] = {
+    N.STAGE_RECEIVE: "The server is reading large requests off the network: send smaller inputs (binary "
+    "tensor data instead of JSON; shared memory for a client on the same host).",
+    N.STAGE_DESERIALIZE: "Parsing requests into tensors costs CPU per element: send inputs as binary tensor "
+    "data (Triton's binary tensor extension) or gRPC, not JSON numbers.",
+    N.STAGE_COMPUTE_INPUT: "Copying input tensors to the model (host to GPU): pass them in CUDA shared "
+    "memory, or send fewer and smaller tensors.",
+}
+_EGRESS_ADVICE: dict[str, str] = {
+    N.STAGE_COMPUTE_OUTPUT: "Copying output tensors from the model (GPU to host): request only the outputs "
+    "the client uses, make them smaller, or return them in CUDA shared memory.",
+}
+
+
 RULES: tuple[Rule, ...] = (
-    Rule(N.UNATTRIBUTED, None, _always, lambda ev: (
-        f"{_stage_line(ev, N.UNATTRIBUTED)}: time in no stage span. Measure first: add stage spans "
+    Rule(N.UNATTRIBUTED, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}: time in no stage span. Measure first: add stage spans "
         "(stagescope.stage) around the uninstrumented work before choosing a lever.")),
-    Rule(N.STAGE_FEATURE_FETCH, N.LEVER_CACHE_FEATURES, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_FEATURE_FETCH)}. Slow feature-store reads: serve hot features from a "
+    Rule(N.KIND_UNKNOWN, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}, but its kind is unknown: it is not a built-in stage and its spans carry "
+        f"no {N.ATTR_STAGE_KIND}, so no lever is guessed. Name its kind, e.g. "
+        f"stagescope.stage({st!r}, kind=...) with one of {', '.join(N.KINDS)}, and analyse again.")),
+    Rule(N.KIND_FETCH, N.LEVER_CACHE_FEATURES, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. Slow reads from another store or service: serve "
+        f"{'hot features' if st == N.STAGE_FEATURE_FETCH else 'what ' + st + ' reads for hot keys'} from a "
         "local cache (per-request cost, no retraining).")),
-    Rule(N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREPROCESS)}; {_util(ev)}"
+    # an LLM engine's front end (analysis/ingest/engines.py): CPU work, but in the engine's API server
+    Rule(N.KIND_CPU, N.LEVER_MORE_API_SERVERS, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. The engine's front end (its API server: request parsing, chat "
+        "template, tokenization, the hand-off to the engine core) holds requests before they reach the "
+        "engine's queue, so the GPU is not what they wait for. Run more API-server processes in front of "
+        "the engine (vLLM --api-server-count N; SGLang --tokenizer-worker-num N)."), stage=N.STAGE_FRONT_END),
+    Rule(N.KIND_CPU, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}"
         + (": the accelerator starves while the CPU works, so the pipeline, not the model, is the bottleneck"
            if _low_util(ev) else "")
-        + ". Move preprocessing to a worker pool (or the client) so it runs in parallel.")),
-    Rule(N.STAGE_POSTPROCESS, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_POSTPROCESS)}; {_util(ev)}. CPU postprocessing on the request path: "
-        "move it to a worker pool.")),
-    Rule(N.STAGE_COLD_START, N.LEVER_PREWARM, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COLD_START)}; {_n((ev.get('cold_start_share_tail') or 0) * 100, '%', 0)} of "
-        "tail requests waited for a model load. Load the model before the instance reports ready.")),
-    Rule(N.STAGE_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_BATCH_WAIT)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
+        + f". CPU work on the request path ({st}): move it to a worker pool (or the client) so it runs "
+        "in parallel.")),
+    Rule(N.KIND_COLD_START, N.LEVER_PREWARM, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
+        "load. Load the model before the instance reports ready.")),
+    Rule(N.KIND_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
         f"timer, not when full: cap the max batch wait at {_n(ev.get('batch_wait_cap_ms'), ' ms')}.")),
-    Rule(N.STAGE_QUEUE, N.LEVER_KV_CACHE_HEADROOM, _kv_pressure, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}; {_kv_line(ev)}: requests wait because the KV cache is full, and "
+    Rule(N.KIND_QUEUE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: requests wait because the KV cache is full, and "
         "preempted ones are recomputed. Give the KV cache room before adding replicas (vLLM "
         "--gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs down; SGLang "
         "--mem-fraction-static).")),
-    Rule(N.STAGE_QUEUE, N.LEVER_QUANTIZE, lambda ev: _share(ev, N.STAGE_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE,
-         lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}, but compute also explains {_share(ev, N.STAGE_COMPUTE):.0%}: "
-        "per-request cost feeds the queue. Cut per-request cost (quantize) before scaling out."
-        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
-    Rule(N.STAGE_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}; {_queue_depth(ev)}; {_batches(ev)}; {_util(ev)}; compute explains only "
-        f"{_share(ev, N.STAGE_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
+    Rule(N.KIND_QUEUE, N.LEVER_QUANTIZE, _compute_feeds_queue, lambda ev, st: (
+        f"{_stage_line(ev, st)}, but compute ({_of_kind(ev, N.KIND_COMPUTE)}) also explains "
+        f"{kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
+        "(quantize) before scaling out." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.queue_depth_line(ev)}; {ER.batches_line(ev)}; {_util(ev)}; compute explains only "
+        f"{kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
         "(scale out, autoscale on queue depth).")),
-    Rule(N.STAGE_COMPUTE, N.LEVER_CACHE_RESULTS,
-         lambda ev: float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)} of "
-        f"slow requests repeat an input already seen (baseline "
-        f"{_n((ev.get('repeated_hash_share_baseline') or 0) * 100, '%', 0)}). Cache results by input hash "
+    Rule(N.KIND_COMPUTE, N.LEVER_CACHE_RESULTS, _repeats, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat an input "
+        f"already seen (baseline {_pct(ev, 'repeated_hash_share_baseline')}). Cache results by input hash "
         "instead of recomputing them.")),
-    Rule(N.STAGE_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}; repeated inputs in the tail "
-        f"{_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)}. Cut the model's per-request cost: "
-        "quantize (int8) or compile the runtime." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
-    Rule(N.STAGE_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}. Cut the model's per-request cost without changing "
+    Rule(N.KIND_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}; repeated inputs in the tail {_pct(ev, 'repeated_hash_share_tail')}. "
+        f"Cut the model's per-request cost{_in(st)}: quantize (int8) or compile the runtime."
+        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
         + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
-    Rule(N.STAGE_PREFILL, N.LEVER_PREFIX_CACHING, _shared_prompts_uncached, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREFILL)}; {_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)} of slow "
-        "requests repeat a prompt already seen, and the prefix cache "
+    Rule(N.KIND_PREFILL, N.LEVER_PREFIX_CACHING, lambda ev: ER.shared_prompts_uncached(ev, REPEATED_SHARE),
+         lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat a prompt "
+        "already seen, and the prefix cache "
         + ("is off (enable_prefix_caching=False)" if ev.get("prefix_caching_enabled") is False else
-           f"hits {_n((ev.get('prefix_cache_hit_ratio') or 0) * 100, '%', 0)} of prompt tokens")
+           f"hits {_pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
         + ": shared prompts are prefilled again and again. Enable prefix caching (vLLM "
         "--enable-prefix-caching; route requests that share a prefix to the same replica).")),
-    Rule(N.STAGE_PREFILL, N.LEVER_SCALE_OUT, _prefill_is_waiting, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREFILL)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
+    Rule(N.KIND_PREFILL, N.LEVER_SCALE_OUT, ER.prefill_is_waiting, lambda ev, st: (
+        f"{_stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
         "to the scheduler, so it holds the wait queue, and the tail's prompts are no longer than the "
         f"baseline's ({_n(ev.get('input_tokens_tail'), nd=0)} vs {_n(ev.get('input_tokens_baseline'), nd=0)} "
-        f"tokens); {_queue_depth(ev)}: the requests waited, they did not prefill longer. Add replicas (scale "
-        "out); SGLang's stage slices (--enable-trace, trace level 1 or more) would split the queue off.")),
-    Rule(N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREFILL)}. Long prompts hold the scheduler in prefill: enable chunked "
+        f"tokens); {ER.queue_depth_line(ev)}: the requests waited, they did not prefill longer. Add replicas "
+        "(scale out); SGLang's stage slices (--enable-trace, trace level 1 or more) would split the queue off.")),
+    Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
         "prefill so prompt processing is interleaved with other requests.")),
-    Rule(N.STAGE_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, _long_outputs, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; {_tokens_line(ev)}: the slow requests are long outputs, not slow "
+    Rule(N.KIND_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, ER.long_outputs, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
         "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "
         "budget per route or client, or stop sequences).")),
-    Rule(N.STAGE_DECODE, N.LEVER_KV_CACHE_HEADROOM, _kv_pressure, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; {_kv_line(ev)}: decoding requests are preempted and recomputed. "
+    Rule(N.KIND_DECODE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
         "Give the KV cache room (vLLM --gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs "
         "down; SGLang --mem-fraction-static).")),
-    Rule(N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, _large_running, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; the running decode batch is {_n(_running(ev)[0])} streams "
+    Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
+        f"{_stage_line(ev, st)}; the running decode batch is {_n(_running(ev)[0])} streams "
         f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
         f"{_n(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {_n(ev.get('batch_r2'), '', 2)}), "
         f"{_n((_batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
         "(max_num_seqs / max_num_batched_tokens).")),
-    Rule(N.STAGE_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; the running batch is not larger around slow gaps "
+    Rule(N.KIND_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; the running batch is not larger around slow gaps "
         f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])})"
-        + (f"; {_tokens_line(ev)}" if ev.get("per_token_ms_tail") is not None else "")
+        + (f"; {ER.tokens_line(ev)}" if ev.get("per_token_ms_tail") is not None else "")
         + ": each decode step itself is slow. Speculative decoding cuts the steps per token"
-        + (f" (it is on, accepting {_n((ev.get('spec_decode_acceptance') or 0) * 100, '%', 0)} of draft tokens: "
-           "a better-matched draft model or fewer speculative tokens)" if ev.get("spec_decode_acceptance") is not None
-           else "") + ".")),
-    Rule(N.STAGE_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_EGRESS)}. Serializing and writing large responses: shrink the payload "
-        "(fewer fields, compact encoding, compression).")),
-    Rule(N.STAGE_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_NETWORK)} (client minus server time). Transfer time: shrink the response.")),
-    # LLM engines' own stages (analysis/ingest/engines.py)
-    Rule(N.STAGE_FRONT_END, N.LEVER_MORE_API_SERVERS, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_FRONT_END)}. The engine's front end (its API server: request parsing, chat "
-        "template, tokenization, the hand-off to the engine core) holds requests before they reach the "
-        "engine's queue, so the GPU is not what they wait for. Run more API-server processes in front of "
-        "the engine (vLLM --api-server-count N; SGLang --tokenizer-worker-num N).")),
-    Rule(N.STAGE_GATEWAY, None, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_GATEWAY)}: time in the gateway or router in front of the engine, outside "
+        + (f" (it is on, accepting {_pct(ev, 'spec_decode_acceptance')} of draft tokens: a better-matched "
+           "draft model or fewer speculative tokens)" if ev.get("spec_decode_acceptance") is not None else "")
+        + ".")),
+    Rule(N.KIND_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. " + _EGRESS_ADVICE.get(st, "Serializing and writing large responses: shrink "
+                                                           "the payload (fewer fields, compact encoding, compression).")
+    )),
+    # a gateway or router in front of an LLM engine (analysis/ingest/engines.py): measured first
+    Rule(N.KIND_NETWORK, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}: time in the gateway or router in front of the engine, outside "
         "the engine's own span (its routing, its connections to the engine, the network). Measure it first: "
-        "add stage spans in the gateway before choosing a lever.")),
+        "add stage spans in the gateway before choosing a lever."), stage=N.STAGE_GATEWAY),
+    Rule(N.KIND_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}{' (client minus server time)' if st == N.STAGE_NETWORK else ''}. "
+        "Transfer time: shrink the response.")),
+    # receiving and decoding requests (Triton's frontend and input copies, see analysis/ingest/triton.py)
+    Rule(N.KIND_INGRESS, N.LEVER_SHRINK_REQUEST, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. " + _INGRESS_ADVICE.get(st, (
+            f"The server spends this time taking requests in ({st}): send smaller inputs (binary tensor "
+            "data instead of JSON, fewer and smaller tensors)."))
+    )),
 )  # fmt: skip
 
 
-def choose(stage: str, ev: Evidence) -> tuple[str | None, str] | None:
-    """The first rule matching ``stage`` and the evidence whose lever is acceptable:
-    ``(lever, rationale)``; None if no rule."""
+def _key(stage: str, kind: str | None) -> str:
+    return N.UNATTRIBUTED if stage == N.UNATTRIBUTED else (kind or N.KIND_UNKNOWN)
+
+
+def choose(stage: str, kind: str | None, ev: Evidence) -> tuple[str | None, str] | None:
+    """The first rule matching the stage's ``kind`` (``unattributed`` for time in no stage; None:
+    unknown) and the evidence whose lever is acceptable: ``(lever, rationale)``; None if no rule."""
+    key = _key(stage, kind)
     for rule in RULES:
-        if rule.stage == stage and rule.when(ev) and rule.acceptable(ev):
-            return rule.lever, rule.why(ev)
+        if rule.matches(stage, key) and rule.when(ev) and rule.acceptable(ev):
+            return rule.lever, rule.why(ev, stage)
     return None
 
 
-def rejected(stage: str, ev: Evidence) -> list[tuple[str, str]]:
-    """The levers that matched ``stage`` and the evidence ahead of the chosen one but failed the quality
-    gate: ``(lever, rationale)`` each, the rationale saying why it is not acceptable."""
+def rejected(stage: str, kind: str | None, ev: Evidence) -> list[tuple[str, str]]:
+    """The levers that matched the stage's kind and the evidence ahead of the chosen one but failed the
+    quality gate: ``(lever, rationale)`` each, the rationale saying why it is not acceptable."""
+    key = _key(stage, kind)
     out: list[tuple[str, str]] = []
     for rule in RULES:
-        if rule.stage != stage or not rule.when(ev):
+        if not rule.matches(stage, key) or not rule.when(ev):
             continue
         if rule.acceptable(ev):
             break
         assert rule.lever is not None
-        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev)}"))
+        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev, stage)}"))
     return out

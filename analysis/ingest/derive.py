@@ -5,31 +5,62 @@
   load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
   Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
   trace that also holds a server span; their duration is ``client_duration_ms``.
-* ``stages``: every span carrying ``stagescope.stage``; for vLLM ``llm_request`` spans, the intervals
-  queue -> prefill -> decode laid end to end from the span start using ``gen_ai.latency.*``; and a
-  ``network`` row (client minus server duration) where a client span exists and the difference is
-  positive (placed at the client span's start; only its length is meaningful).
+  An LLM engine's own span (vLLM's ``llm_request``, SGLang's ``Req <rid>``: the ``gen_ai.latency.*``
+  attributes) is a request where it stands alone, and otherwise the sample of the request it sits
+  under or beside (its *host*: the engine's HTTP server span, a gateway's): the engine gives TTFT,
+  inter-token time and tokens, the host the end-to-end time (see :mod:`.engines`).
+* ``stages``: every span whose ``stagescope.stage`` is a non-empty string (any name: a team's own
+  stages are stages of their own), with its ``kind`` (see :mod:`~stagescope.analysis.kinds`: the
+  span's ``stagescope.stage.kind``, else the kind a built-in name implies, else ``unknown``); for
+  engine spans, their stages (front_end, queue, prefill, decode; gateway in a host above the engine)
+  from their attributes by engine and version, or from their child spans (:mod:`.engines`), with
+  the kinds their names imply; and a ``network`` row (kind network,
+  client minus server duration) where a client span exists and the difference is positive (placed
+  at the client span's start; only its length is meaningful). A span whose ``stagescope.stage`` is
+  there but not a non-empty string (``stage_invalid``) is neither a stage nor a request: its time is
+  unattributed, and the ingest names its file in a warning.
 * ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
 
 ``requests`` and ``stages`` also carry ``trace_key`` and ``request_key``, and ``requests``
 ``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
 span) and the input hash that the analysis joins and groups on (see analysis.keys). A stage row's
 ``request_key`` is its request's: the request span is the stage span's parent (as stagescope emits
-them), the vLLM span itself, or the request a ``network`` row measures; NULL where the parent is
-not a request span (the analysis then goes by time within the trace).
+them), an engine span's host (for the engine's stages, and stage spans under the engine span), or
+the request a ``network`` row measures; for a stage span
+under a SERVER span that is itself the direct child of a request span (two instrumentations each
+opening a SERVER span in one process, as vLLM's ``llm_request`` under ``opentelemetry-instrument``),
+that request's; NULL where the parent is not a request span (the analysis then goes by time within
+the trace).
 
-Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
-(``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
+Identity: a request is one span id. Copies of one span id (an exporter's retry, or the same request
+span written by the service's own tracer provider and by stagescope's sink) are one span (the ingest
+keeps one copy before this derivation), and of the SERVER spans of a trace only those without a
+parent in it are requests, so an in-process second SERVER span never counts as a second request.
+An engine span with a host is that host's sample, never a request of its own (several engine spans
+under one host, ``n > 1``, are one request).
+
+Sources: ``vllm`` or ``sglang`` (an engine span is the request or its sample), ``stagescope`` (the
+request has stage spans or ``stagescope.*`` attributes), else ``generic``.
+
+``requests.sampling_p`` is the probability that the request's trace was kept: from the ``th``
+rejection threshold in the ``ot`` entry of the request span's W3C tracestate (or its engine span's,
+where the host's has none: one trace, one sampling decision) (OpenTelemetry's
+probability sampling: ``(2^56 - th) / 2^56``); without a ``th``, 1 when ``stagescope.sampled_reason``
+is ``slow`` or ``error`` (stagescope keeps those whatever the trace id), else NULL: unknown (a
+collector's tail sampling, another vendor's sampler, a service that kept everything without saying
+so). ``sampled_reason`` is that attribute as written.
 """
 
 from __future__ import annotations
 
 from stagescope import names
 from stagescope.analysis.ingest.engines import engine_hosts_sql, engine_spans_sql, engine_stage_rows_sql
+from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
 from stagescope.analysis.keys import key_sql, request_keys_sql
+from stagescope.analysis.kinds import kind_sql
 
-__all__ = ["REQUEST_COLUMNS", "derive_sql"]
+__all__ = ["REQUEST_COLUMNS", "derive_sql", "sampling_p_sql"]
 
 REQUEST_COLUMNS = {
     "trace_id": "VARCHAR",
@@ -54,10 +85,26 @@ REQUEST_COLUMNS = {
     "cold_start": "BOOLEAN",
     "client_duration_ms": "DOUBLE",
     "source": "VARCHAR",
+    "sampled_reason": "VARCHAR",
+    "sampling_p": "DOUBLE",
     "trace_key": "UBIGINT",
     "input_key": "UBIGINT",
     "request_key": "UBIGINT",
 }
+
+
+_MAX_T = names.SAMPLING_MAX_THRESHOLD
+
+
+def sampling_p_sql(trace_state: str, reason: str) -> str:
+    """SQL: the sampling probability of a span from its tracestate's ``ot=...th:<hex>`` (1 to 14 hex
+    digits, padded with trailing zeros to 56 bits), else 1 for stagescope's ``slow``/``error`` keeps,
+    else NULL (see the module docstring)."""
+    ot = f"regexp_extract({trace_state}, '(?:^|,)[ \\t]*{names.TRACESTATE_OT}=([^,]*)', 1)"
+    th = f"nullif(regexp_extract({ot}, '(?:^|;){names.OT_THRESHOLD}:([0-9a-fA-F]{{1,14}})(?:;|$)', 1), '')"
+    t = f"TRY_CAST('0x' || rpad({th}, 14, '0') AS UBIGINT)"
+    keeps_all = ", ".join(sql_str(r) for r in (names.SAMPLED_SLOW, names.SAMPLED_ERROR))
+    return f"coalesce(({_MAX_T} - {t}) / {float(_MAX_T)!r}, CASE WHEN {reason} IN ({keeps_all}) THEN 1.0 END)"
 
 
 def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
@@ -78,7 +125,7 @@ SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
         f"""CREATE OR REPLACE TEMP TABLE _cand AS
 SELECT s.*, c.client_ms, coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
 FROM {spans} s LEFT JOIN _client c USING (trace_id)
-WHERE s.stage IS NULL
+WHERE s.stage IS NULL AND s.stage_invalid IS NULL
   AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1))
        OR EXISTS (SELECT 1 FROM _eng e WHERE e.trace_id = s.trace_id AND e.span_id = s.span_id))
   AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
@@ -114,6 +161,9 @@ SELECT s.trace_id, s.span_id, s.service, s.name,
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
+  coalesce(s.sampled_reason, e.sampled_reason) AS sampled_reason,
+  coalesce({sampling_p_sql("s.trace_state", "s.sampled_reason")},
+           {sampling_p_sql("e.trace_state", "e.sampled_reason")}) AS sampling_p,
   {request_keys_sql("s.")}
 FROM _req0 s
 LEFT JOIN _eng_primary p ON p.trace_id = s.trace_id AND p.host_id = s.span_id
@@ -123,16 +173,24 @@ WHERE NOT EXISTS (SELECT 1 FROM _eng_host h WHERE h.trace_id = s.trace_id AND h.
                   AND h.host_id <> s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
-       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key,
+       coalesce(r.request_key, ri.request_key,
+                CASE WHEN eh.host_id IS NOT NULL THEN {key_sql("s.trace_id", "eh.host_id")} END) AS request_key,
+       {kind_sql("s.stage", "s.stage_kind")} AS kind
 FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
+  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.parent_span_id
+  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
+  -- a stage span under an engine span that has a host (the engine's span is not the request)
+  LEFT JOIN _eng_host eh ON eh.trace_id = s.trace_id AND eh.eng_id = s.parent_span_id
 WHERE s.stage IS NOT NULL
 UNION ALL
-SELECT x.trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("x.trace_id")}, {key_sql("x.trace_id", "x.host_id")}
+SELECT x.trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("x.trace_id")}, {key_sql("x.trace_id", "x.host_id")},
+       {kind_sql("x.stage")}
 FROM ({engine_stage_rows_sql(spans, "_staged")}) x
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
        c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),
-       r.client_duration_ms - r.duration_ms, r.trace_key, r.request_key
+       r.client_duration_ms - r.duration_ms, r.trace_key, r.request_key, '{names.KIND_NETWORK}'
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS

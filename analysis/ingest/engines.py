@@ -120,6 +120,7 @@ WITH kids AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM {spans} W
 e AS (
   SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_ns, s.end_ns, s.service, s.model,
          s.input_tokens, s.output_tokens, s.ttft_s, s.e2e_s, s.queue_s, s.prefill_s, s.decode_s,
+         s.trace_state, s.sampled_reason,
          -- SGLang: its root span name, or its attributes (prefill / decode without time_in_queue)
          CASE WHEN regexp_matches(s.name, {sg})
                 OR (s.queue_s IS NULL AND (s.prefill_s IS NOT NULL OR s.decode_s IS NOT NULL))
