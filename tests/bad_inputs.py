@@ -507,6 +507,9 @@ CLI_ROWS: list[Cli] = [
     Cli("gpu-interval-inf", ("gpu-exporter", "--interval", "inf"), r"argument --interval"),
     Cli("gpu-window-nan", ("gpu-exporter", "--window", "nan"), r"argument --window"),
     Cli("gpu-window-negative", ("gpu-exporter", "--window=-1"), r"argument --window"),
+    # a flag takes no value: "--legacy-hostname-label=yes" is refused, not read as "on"
+    Cli("gpu-legacy-hostname-label-value", ("gpu-exporter", "--legacy-hostname-label=yes"),
+        r"--legacy-hostname-label: ignored explicit argument 'yes'"),
     Cli("gpu-window-below-interval", ("gpu-exporter", "--interval", "2", "--window", "1"),
         r"--window .* at least --interval"),
     Cli("gpu-collectors-binary", ("gpu-exporter", "--collectors", "{tmp}/c.csv"), r"c.csv: .*not UTF-8 text",
