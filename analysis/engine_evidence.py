@@ -17,7 +17,11 @@ Engine facts from ``metric_samples`` (:func:`~stagescope.analysis.ingest.engine_
 preemptions, KV-cache use, waiting requests, prefix-cache hit ratio, tokens per step, speculative
 decoding's acceptance, SGLang's per-stage latencies), and the waiting requests (``vllm:num_requests_waiting``
 or ``sglang:num_queue_reqs``, summed over engines) as of each tail and baseline request's arrival,
-where the scrapes have timestamps: ``waiting_tail`` / ``waiting_baseline``. Where the requests carry
+where the scrapes have timestamps: ``waiting_tail`` / ``waiting_baseline``.
+
+Sampled traces: every per-request mean and share here counts a request ``1 / sampling_p`` times
+(``SLIView.request_weight``, as :mod:`~stagescope.analysis.evidence` does): an engine span's request
+is weighted like any other. Where the requests carry
 no queue depth of their own (``stagescope.queue_depth``), those also stand for ``queue_depth_*``
 (``queue_depth_source`` names the gauge), so a report never says "queue depth n/a" with the waiting
 gauge scraped.
@@ -33,6 +37,7 @@ from stagescope import names as N
 from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.ingest.engine_metrics import engine_metric_facts
+from stagescope.analysis.weighting import mean_sql
 
 __all__ = ["gather"]
 
@@ -48,10 +53,11 @@ def _request_facts(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribut
     cols = {
         "output_tokens": "output_tokens", "per_token_ms": "itl_mean_ms", "input_tokens": "input_tokens",
     }  # fmt: skip
-    sel = ", ".join(f"avg({c}) FILTER (WHERE {tail}), avg({c}) FILTER (WHERE {base})" for c in cols.values())
+    w = "w" if view.sampled_traces else None
+    sel = ", ".join(f"{mean_sql(c, tail, w)}, {mean_sql(c, base, w)}" for c in cols.values())
     row = con.execute(
         f"""SELECT {sel} FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, output_tokens, itl_mean_ms,
-                                     input_tokens FROM requests
+                                     input_tokens, {view.request_weight(con)} AS w FROM requests
                               WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"""
     ).fetchone()
     out: dict[str, Any] = {}
@@ -70,9 +76,11 @@ def _client_repeats(con: duckdb.DuckDBPyConnection, view: SLIView, cond: str) ->
         row = con.execute(
             f"""WITH c AS (SELECT trace_id, input_hash FROM client_results WHERE input_hash IS NOT NULL),
                      n AS (SELECT input_hash, count(*) AS k FROM c GROUP BY 1),
-                     r AS (SELECT trace_id FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, trace_id
+                     r AS (SELECT trace_id, w FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, trace_id,
+                                                    {view.request_weight(con)} AS w
                            FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL) WHERE {cond})
-                SELECT avg((n.k >= 2)::INT) FROM r JOIN c USING (trace_id) JOIN n USING (input_hash)"""
+                SELECT sum(r.w * (n.k >= 2)::INT) / nullif(sum(r.w), 0)
+                FROM r JOIN c USING (trace_id) JOIN n USING (input_hash)"""
         ).fetchone()
     except duckdb.Error:  # client_results without those columns (built by hand)
         return None
@@ -103,11 +111,13 @@ def _waiting_asof(
         if not con.execute(f"SELECT count(*) FROM ({gauge})").fetchall()[0][0]:
             continue
         keys = (
-            f"SELECT start_unix_ns FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, start_unix_ns "
+            f"SELECT start_unix_ns, w FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, start_unix_ns, "
+            f"{view.request_weight(con)} AS w "
             f"FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL) WHERE {cond}"
         )
         row = con.execute(
-            f"SELECT avg(m.value) FROM ({keys}) k ASOF JOIN ({gauge}) m ON k.start_unix_ns // 1000000 >= m.ts_ms"
+            f"SELECT sum(k.w * m.value) / nullif(sum(k.w), 0) FROM ({keys}) k ASOF JOIN ({gauge}) m "
+            "ON k.start_unix_ns // 1000000 >= m.ts_ms"
         ).fetchone()
         return (_r(row[0]) if row else None), metric
     return None, None
