@@ -222,3 +222,26 @@ def test_prefix_caching_off_on_shared_prompts(tmp_path: Path) -> None:
     assert rep["evidence"]["prefix_cache_hit_ratio"] == pytest.approx(0.8, abs=0.01)
     assert rep["verdict"] == {"stage": N.STAGE_PREFILL, "lever": N.LEVER_CHUNKED_PREFILL}
     ds.close()
+
+
+@pytest.mark.parametrize("layout", ["standalone", "gateway"])
+def test_copies_of_engine_spans_are_one_request(tmp_path: Path, layout: str) -> None:
+    """A request is one span id: the same spans in two files (an exporter's retried batch,
+    overlapping exports) are one request each, with one set of stages."""
+    tl = _tl("queue", layout, seed=9)
+    spans = list(vllm_spans(tl, layout=layout))
+    write_otlp_lines(tmp_path / "a.jsonl", spans)
+    write_otlp_lines(tmp_path / "b.jsonl", spans[::-1])
+    ds = load_dataset(traces=[tmp_path / "a.jsonl", tmp_path / "b.jsonl"])
+    assert ds.repeated_spans == len(spans)
+    assert ds.con.execute("SELECT count(*), count(DISTINCT request_key) FROM requests").fetchone() == (N_REQ, N_REQ)
+    per = dict(ds.con.execute("SELECT stage, count(*) FROM stages GROUP BY 1").fetchall())
+    assert per[N.STAGE_QUEUE] == N_REQ
+    # the engine's stages carry the kinds their names imply (the lever rules go by kind)
+    kinds = dict(ds.con.execute("SELECT stage, list(DISTINCT kind) FROM stages GROUP BY 1").fetchall())
+    assert kinds[N.STAGE_QUEUE] == [N.KIND_QUEUE] and kinds[N.STAGE_FRONT_END] == [N.KIND_CPU]
+    assert kinds.get(N.STAGE_GATEWAY, [N.KIND_NETWORK]) == [N.KIND_NETWORK]
+    rep = analyze(ds, "ttft:p95<500ms", route=None if layout == "standalone" else ROUTE)
+    assert rep["samples"] == N_REQ
+    assert rep["quantile_ms"] == pytest.approx(float(np.quantile(tl.ttft, 0.95)), rel=0.02)
+    ds.close()
