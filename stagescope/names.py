@@ -53,12 +53,12 @@ STAGES: Final[tuple[str, ...]] = (
     STAGE_POSTPROCESS,
     STAGE_EGRESS,
     STAGE_COLD_START,
-    STAGE_FRONT_END,
-    STAGE_GATEWAY,
     STAGE_RECEIVE,
     STAGE_DESERIALIZE,
     STAGE_COMPUTE_INPUT,
     STAGE_COMPUTE_OUTPUT,
+    STAGE_FRONT_END,
+    STAGE_GATEWAY,
 )
 #: Stages that are waiting rather than working: tail latency mostly lives here.
 WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
@@ -214,11 +214,11 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_SHRINK_RESPONSE,
     LEVER_CHUNKED_PREFILL,
     LEVER_SPECULATIVE_DECODING,
+    LEVER_SHRINK_REQUEST,
     LEVER_MORE_API_SERVERS,
     LEVER_CAP_OUTPUT_TOKENS,
     LEVER_KV_CACHE_HEADROOM,
     LEVER_PREFIX_CACHING,
-    LEVER_SHRINK_REQUEST,
 )
 
 # --------------------------------------------------------------------------------------------------
