@@ -245,3 +245,20 @@ def test_copies_of_engine_spans_are_one_request(tmp_path: Path, layout: str) -> 
     assert rep["samples"] == N_REQ
     assert rep["quantile_ms"] == pytest.approx(float(np.quantile(tl.ttft, 0.95)), rel=0.02)
     ds.close()
+
+
+def test_engine_stage_rules_go_by_kind_and_name() -> None:
+    """front_end is kind cpu and gateway kind network (names.STAGE_KINDS), yet each has its own rule
+    ahead of its kind's: more API servers, not a worker pool; measure the gateway, not shrink the
+    response. A team's own cpu or network stage still gets its kind's rule."""
+    from stagescope.analysis import levers as L
+
+    ev: dict[str, Any] = {"shares": {}, "kinds": {}}
+    fe = L.choose(N.STAGE_FRONT_END, N.STAGE_KINDS[N.STAGE_FRONT_END], ev)
+    gw = L.choose(N.STAGE_GATEWAY, N.STAGE_KINDS[N.STAGE_GATEWAY], ev)
+    assert fe is not None and fe[0] == N.LEVER_MORE_API_SERVERS
+    assert gw is not None and gw[0] is None and "Measure it first" in gw[1]
+    tok = L.choose("tokenize", N.KIND_CPU, ev)
+    hop = L.choose("proxy", N.KIND_NETWORK, ev)
+    assert tok is not None and tok[0] == N.LEVER_OFFLOAD_PREPROCESSING
+    assert hop is not None and hop[0] == N.LEVER_SHRINK_RESPONSE
