@@ -338,17 +338,20 @@ def _unstaged(
 
 
 def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Mean queue / compute (Triton) and queue / prefill / decode (vLLM) time per request from the
-    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters. Under
+    """Mean queue / compute (Triton), queue / prefill / decode (vLLM) and per-stage (SGLang) time per
+    request from the servers' cumulative counters in ``metric_samples`` (ms), summed over engines,
+    ranks and instances, when scraped; see ingest.counters and ingest.engine_metrics. Under
     ``warnings``: where Triton's traces hold far fewer requests than its counters (its trace rate)."""
     try:
-        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown, vllm_stage_means
+        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown
+        from stagescope.analysis.ingest.engine_metrics import sglang_stage_means, vllm_stage_means
     except ImportError:  # pragma: no cover - the ingest part ships with the package
         return {}
     out: dict[str, Any] = {}
     try:
         triton = [r for r in triton_breakdown(con) if r.get("requests")]
         vllm = [r for r in vllm_stage_means(con) if r.get("requests")]
+        sglang = [r for r in sglang_stage_means(con) if r.get("requests") or r.get("stages")]
     except duckdb.Error:
         return {}
     if triton:
@@ -356,6 +359,8 @@ def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         out["warnings"] = trace_coverage(con, triton)  # popped by the caller: report warnings
     if vllm:
         out["vllm"] = vllm
+    if sglang:
+        out["sglang"] = sglang
     return out
 
 

@@ -222,7 +222,7 @@ def sources_line(report: dict[str, Any]) -> str:
 
 
 def counter_lines(report: dict[str, Any]) -> list[str]:
-    """Per-request means from the servers' own counters (Triton, vLLM), when they were scraped."""
+    """Per-request means from the servers' own counters (Triton, vLLM, SGLang), when they were scraped."""
     lines = []
     for r in report.get("server_counters", {}).get("triton", []):
         compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
@@ -236,9 +236,19 @@ def counter_lines(report: dict[str, Any]) -> list[str]:
             line += f", first response {_ms(r['first_response_ms'])}"
         lines.append(line)
     for r in report.get("server_counters", {}).get("vllm", []):
+        engines = int(r.get("engines") or 1)
         lines.append(
-            f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "
-            f"prefill {_ms(r.get('prefill_ms'))}, decode {_ms(r.get('decode_ms'))}"
+            f"vLLM {r['model']}: {r['requests']:.0f} requests"
+            + (f" (summed over {engines} engine series)" if engines > 1 else "")
+            + f", per request queue {_ms(r.get('queue_ms'))}, prefill {_ms(r.get('prefill_ms'))}, "
+            f"decode {_ms(r.get('decode_ms'))}"
+        )
+    for r in report.get("server_counters", {}).get("sglang", []):
+        stages = ", ".join(f"{k} {_ms(v)}" for k, v in sorted((r.get("stages") or {}).items()))
+        n = f"{r['requests']:.0f} requests" if r.get("requests") is not None else "requests not counted"
+        lines.append(
+            f"SGLang {r['model']}: {n}, per request queue {_ms(r.get('queue_ms'))}"
+            + (f"; per stage {stages}" if stages else "")
         )
     return ["", *lines] if lines else []
 

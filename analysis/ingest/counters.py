@@ -12,7 +12,9 @@ but never reaches the backend, so the compute counters hold only the executed re
 per request is divided by ``request_success - nv_cache_num_hits_per_model``. The first-response
 histogram ``nv_inference_first_response_histogram_ms`` gives the mean time to first response
 (its observations are whole milliseconds, rounded down: core src/infer_response.cc
-``UpdateResponseMetrics``). vLLM's stage histograms give the same through ``_sum / _count`` (seconds).
+``UpdateResponseMetrics``). vLLM's stage histograms give the same through ``_sum / _count`` (seconds),
+summed over its engines and instances: :func:`~stagescope.analysis.ingest.engine_metrics.vllm_stage_means`
+(re-exported here).
 
 Increases are computed per series (labels, source) ordered by ``ts_ms``, counting a counter reset as
 a restart from zero (as PromQL's ``increase`` does). Results are in **milliseconds**.
@@ -27,6 +29,7 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis.ingest.engine_metrics import vllm_stage_means
 
 __all__ = ["trace_coverage", "triton_breakdown", "vllm_stage_means"]
 
@@ -36,14 +39,6 @@ _TRITON_PARTS = {
     "compute_infer": N.TRITON_COMPUTE_INFER_US,
     "compute_output": N.TRITON_COMPUTE_OUTPUT_US,
     "request": N.TRITON_REQUEST_DURATION_US,
-}
-_VLLM_PARTS = {
-    "queue": N.VLLM_QUEUE_TIME,
-    "prefill": N.VLLM_PREFILL_TIME,
-    "decode": N.VLLM_DECODE_TIME,
-    "inference": N.VLLM_INFERENCE_TIME,
-    "ttft": N.VLLM_TTFT,
-    "e2e": N.VLLM_E2E,
 }
 
 
@@ -149,19 +144,3 @@ def trace_coverage(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -
             )
     return out
 
-
-def vllm_stage_means(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Per vLLM model/source: requests (queue-histogram count) and mean ms per request of queue,
-    prefill, decode, inference, ttft and e2e (``_sum / _count`` increases)."""
-    metrics = [f"{h}_{s}" for h in _VLLM_PARTS.values() for s in ("sum", "count")]
-    out = []
-    for (source, model), inc in sorted(_series(con, metrics, (N.VLLM_LABEL_MODEL,)).items(), key=str):
-        row: dict[str, Any] = {
-            "model": model,
-            "source": source,
-            "requests": inc.get(f"{N.VLLM_QUEUE_TIME}_count"),
-        }
-        for part, h in _VLLM_PARTS.items():
-            row[f"{part}_ms"] = _per_request(inc.get(f"{h}_sum"), inc.get(f"{h}_count"), 1e3)
-        out.append(row)
-    return out
