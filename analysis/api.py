@@ -19,6 +19,7 @@ import duckdb
 
 from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
+from stagescope.analysis import context as CX
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
@@ -241,6 +242,7 @@ def _analyze_one(
         "levers": [],
         "windows": ev_res["windows"],
         "warnings": warns,
+        **(CX.quantile_fields(qs, view) if view.count else CX.empty_fields()),
     }
     if counters:
         report["server_counters"] = counters
@@ -276,6 +278,7 @@ def _analyze_one(
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
         warns += _unstaged(con, view, attr, report["verdict"])
+    CX.annotate(report)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)

@@ -55,10 +55,12 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import intervals as I
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.analysis.interval_sql import quantile_estimates
 from stagescope.analysis.keys import input_ref, trace_ref
 
 __all__ = [
@@ -92,8 +94,42 @@ def _q(
     attr: Attribution | None = None,
     *,
     part: bool = False,
+) -> I.Estimate | None:
+    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it), as an
+    :class:`~stagescope.analysis.intervals.Estimate` with its 95 % interval: the order statistics of
+    ``expr``'s values (the effect model's fitted parameters held fixed), or, on a sampled breakdown,
+    the same estimator at the levels of Woodruff's effective sample size (analysis.intervals)."""
+    if attr is not None and attr.weight is not None:
+        value = _q_value(con, src, expr, q, attr, part=part)
+        if value is None:
+            return None
+        row = con.execute(
+            f"SELECT sum({attr.weight}), {I.woodruff_sum_sql(expr, attr.weight, q, value)} FROM {src} "
+            f"WHERE ({expr}) IS NOT NULL"
+        ).fetchone()
+        n_eff = I.effective_n(float(row[0] or 0.0), float(row[1] or 0.0), q) if row else 0.0
+        lo, hi = I.levels(n_eff, q)
+        ends = [None if x is None else _q_value(con, src, expr, x, attr, part=part) for x in (lo, hi)]
+        return I.estimate(value, (ends[0], ends[1]), I.METHOD_WEIGHTED, round(n_eff, 1))
+    # every row once: the value and the interval's order statistics in one pass
+    row = con.execute(f"SELECT count({expr}) FROM {src}").fetchone()
+    n = int(row[0]) if row else 0
+    if n == 0:
+        return None
+    got = quantile_estimates(con, src, expr, {"q": q}, n, digits=3)
+    return got["q"]
+
+
+def _q_value(
+    con: duckdb.DuckDBPyConnection,
+    src: str,
+    expr: str,
+    q: float,
+    attr: Attribution | None = None,
+    *,
+    part: bool = False,
 ) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it).
+    """The value of :func:`_q`.
 
     When ``attr`` says the breakdown is a sample (large inputs), every request outside the
     candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
@@ -478,15 +514,19 @@ def _gap_prediction(
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
         # scatter around the fit where the running batch varies least (its lowest decile): the
         # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        res = con.execute(
-            f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
-                FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src})"""
-        ).fetchone()
-        scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
+        # the scatter's quantile carries the prediction's interval (the fit held fixed)
+        low = f"(SELECT * FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src}))"
+        res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q)
+        scatter = max(0.0, float(res)) if res is not None else 0.0
         before = _q(con, view.name, "value_ms", q)
-        pred = icpt + slope * cap + scatter
+        step = icpt + slope * cap
+        pred = step + scatter
+        lo, hi = res.interval if res is not None else (None, None)
+        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
+        if before is not None and pred > before:  # capping never makes gaps slower than they were
+            pred, ends = float(before), list(before.interval)
         return (
-            round(pred if before is None else min(pred, before), 3),
+            I.estimate(pred, (ends[0], ends[1]), I.METHOD_ORDER, res.samples if res is not None else 0.0),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
             f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",

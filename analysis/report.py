@@ -11,6 +11,7 @@ import html
 import json
 from typing import Any
 
+from stagescope.analysis import report_context as RC
 from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA
 
 __all__ = ["headline", "render", "route_lines", "slo_words", "status", "to_html", "to_json", "to_text"]
@@ -58,6 +59,8 @@ def headline(report: dict[str, Any]) -> list[str]:
         f"{_q_name(report)} {_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over "
         f"{report['samples']} samples"
     ]
+    if (qline := RC.quantile_interval_line(report)) is not None:
+        lines.append(qline)
     v = report.get("verdict")
     if v:
         share = next((r["share"] for r in report["attribution"] if r["stage"] == v["stage"]), None)
@@ -65,7 +68,12 @@ def headline(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"Stage: {v['stage']} ({'n/a' if share is None else f'{share:.0%}'} of the excess latency); "
             f"lever: {v['lever'] or 'measure first'}"
-            + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev else "")
+            + (
+                f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}"
+                + (f" {iv}" if (iv := RC.interval_text(lev.get("interval_ms"))) else "")
+                if lev
+                else ""
+            )
         )
     return lines + quality_lines(report)
 
@@ -104,11 +112,8 @@ def quality_lines(report: dict[str, Any]) -> list[str]:
 def to_text(report: dict[str, Any]) -> str:
     """A short terminal summary."""
     out = headline(report)
-    lat = report["latency_ms"]
     if status(report) != STATUS_NO_DATA:
-        out.append(
-            f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
-        )
+        out.append(f"{RC.latency_words(report)}  requests {report['requests']}")
     if report["attribution"]:
         out.append("")
         out.append(
@@ -124,6 +129,7 @@ def to_text(report: dict[str, Any]) -> str:
         for lv in report["levers"]:
             out.append(
                 f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
+                + (f" {iv}" if (iv := RC.interval_text(lv.get("interval_ms"))) else "")
                 + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
             )
             out.append(f"  {lv['rationale']}")
@@ -133,6 +139,7 @@ def to_text(report: dict[str, Any]) -> str:
     if report.get("windows"):
         out.append("")
         out.append(f"windows breached: {len(bad)} of {len(report['windows'])}")
+        out += RC.window_text_lines(report)
     for w in report.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
@@ -234,7 +241,8 @@ def to_html(report: dict[str, Any]) -> str:
         for r in report["attribution"]
     ]  # fmt: skip
     lever_rows = [
-        [lv["lever"] or "measure first", lv["stage"], _ms(lv["predicted_p99_ms"]), lv["rationale"]]
+        [lv["lever"] or "measure first", lv["stage"], _ms(lv["predicted_p99_ms"]),
+         RC.interval_text(lv.get("interval_ms")) or "-", lv["rationale"]]
         for lv in report["levers"]
     ]
     slow_rows = [
@@ -242,7 +250,6 @@ def to_html(report: dict[str, Any]) -> str:
          ", ".join(f"{k} {v:.0f}" for k, v in sorted(s["stages"].items(), key=lambda kv: -kv[1])[:5])]
         for s in report.get("slowest", [])
     ]  # fmt: skip
-    lat = report["latency_ms"]
     head = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>stagescope report: {e(report['slo']['spec'])}</title><style>{_CSS}</style></head><body>",
@@ -253,7 +260,7 @@ def to_html(report: dict[str, Any]) -> str:
         return "\n".join([*head, *_routes_html(report), *_warnings_html(report), "</body></html>\n"])
     parts = [
         *head,
-        f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
+        f"<p class='small'>{e(RC.latency_words(report, ' · '))} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
         *_routes_html(report),
         "<h2>Where the tail's time went</h2>",
@@ -263,13 +270,14 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
+        _table(["lever", "stage", "predicted", "95% interval", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
         _img(
             plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"
         ),
+        _table(*RC.window_rows(report)),
         "<h2>Slowest traces</h2>",
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
