@@ -278,7 +278,7 @@ def _analyze_one(
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
         warns += _unstaged(con, view, attr, report["verdict"])
-    CX.annotate(report)
+    CX.annotate(con, report, view, attr, ev)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)

@@ -1,4 +1,5 @@
-"""What the report says around its verdict: how sure each quantile is (confidence intervals).
+"""What the report says around its verdict: how sure each quantile is (confidence intervals) and
+what the service's requests and each lever cost.
 
 Pinned report keys added here (every per-route report too):
 
@@ -7,7 +8,9 @@ Pinned report keys added here (every per-route report too):
   the interval lies on one side of the threshold, ``why`` not); ``latency_interval_ms``
   (``{"p50": [lo, hi], "p95": ..., "p99": ...}``);
 * per window ``quantile_interval_ms`` (analysis.breach); per attribution row
-  ``counterfactual_interval_ms``; per lever ``interval_ms`` beside ``predicted_p99_ms``.
+  ``counterfactual_interval_ms``; per lever ``interval_ms`` beside ``predicted_p99_ms`` and
+  ``cost_delta`` (analysis.cost.lever_cost_delta);
+* ``cost`` (analysis.cost.cost_report, or None when the data holds no basis for it).
 
 Intervals respect the samples' weights where the analysis weights them (analysis.intervals:
 Woodruff's effective sample size); with every weight 1 they are the order-statistic intervals.
@@ -17,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import duckdb
+
+from stagescope.analysis import cost as CO
 from stagescope.analysis import intervals as I
+from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView
 
 __all__ = ["annotate", "empty_fields", "quantile_fields"]
@@ -30,6 +37,7 @@ def empty_fields() -> dict[str, Any]:
         "quantile_interval_ms": None,
         "quantile_interval": None,
         "latency_interval_ms": {"p50": None, "p95": None, "p99": None},
+        "cost": None,
     }
 
 
@@ -62,14 +70,26 @@ def _plain(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
-def annotate(report: dict[str, Any]) -> None:
-    """Add the intervals of the stage counterfactuals and the lever predictions to ``report`` (in
-    place), and make their values plain floats for the JSON."""
+def annotate(
+    con: duckdb.DuckDBPyConnection,
+    report: dict[str, Any],
+    view: SLIView,
+    attr: Attribution | None,
+    ev: dict[str, Any],
+) -> None:
+    """Add the intervals of the stage counterfactuals and the lever predictions (their values made
+    plain floats for the JSON), the cost and each lever's cost change to ``report`` (in place)."""
     for r in report.get("attribution", []):
         cf = r.get("counterfactual_ms")
         r["counterfactual_interval_ms"] = _ms(cf)
         r["counterfactual_ms"] = _plain(cf)
+    cost = CO.cost_report(con, view, attr, view.slo.accelerator_price_per_hour)
+    report["cost"] = cost
     for lv in report.get("levers", []):
         pred = lv.get("predicted_p99_ms")
         lv["interval_ms"] = _ms(pred)
         lv["predicted_p99_ms"] = _plain(pred)
+        lever = lv.get("lever")
+        lv["cost_delta"] = (
+            None if lever is None else CO.lever_cost_delta(cost, CO.lever_effect(con, view, attr, ev, lever))
+        )

@@ -130,9 +130,12 @@ def to_text(report: dict[str, Any]) -> str:
             out.append(
                 f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
                 + (f" {iv}" if (iv := RC.interval_text(lv.get("interval_ms"))) else "")
+                + (f"; {cd}" if (cd := RC.cost_delta_text(lv.get("cost_delta"))) else "")
                 + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
             )
             out.append(f"  {lv['rationale']}")
+    if cost := RC.cost_lines(report):
+        out += ["", *cost]
     out += counter_lines(report)
     out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
@@ -242,7 +245,8 @@ def to_html(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     lever_rows = [
         [lv["lever"] or "measure first", lv["stage"], _ms(lv["predicted_p99_ms"]),
-         RC.interval_text(lv.get("interval_ms")) or "-", lv["rationale"]]
+         RC.interval_text(lv.get("interval_ms")) or "-", RC.cost_delta_text(lv.get("cost_delta")) or "-",
+         lv["rationale"]]
         for lv in report["levers"]
     ]
     slow_rows = [
@@ -270,7 +274,7 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "95% interval", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
+        _table(["lever", "stage", "predicted", "95% interval", "cost change", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
@@ -282,6 +286,8 @@ def to_html(report: dict[str, Any]) -> str:
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
     ]
+    if cost := RC.cost_lines(report):
+        parts.append("<h2>Cost</h2><ul id='cost'>" + "".join(f"<li>{e(x)}</li>" for x in cost) + "</ul>")
     counters = [x for x in counter_lines(report) if x]
     if counters:
         parts.append("<h2>Server counters</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in counters) + "</ul>")

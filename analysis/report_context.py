@@ -1,4 +1,4 @@
-"""Rendering the keys analysis.context adds to a report (confidence intervals), for the text and
+"""Rendering the keys analysis.context adds to a report (confidence intervals, cost), for the text and
 HTML reports of analysis.report: drawn from the report dict alone, every helper tolerant of reports
 written before the keys existed (they render nothing, or "n/a")."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["interval_text", "latency_words", "quantile_interval_line", "window_rows", "window_text_lines"]
+__all__ = ["cost_delta_text", "cost_lines", "interval_text", "latency_words", "quantile_interval_line", "window_rows", "window_text_lines"]
 
 #: Breached windows the text report lists one by one (the HTML lists every window).
 MAX_TEXT_WINDOWS = 12
@@ -76,3 +76,42 @@ def window_rows(report: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     conf = float(report.get("confidence") or 0.95)
     headers = ["start (Unix ms)", "samples", "quantile ms", f"{conf:.0%} interval", "breached"]
     return headers, [_window_cells(w) for w in report.get("windows", [])]
+
+
+def cost_lines(report: dict[str, Any]) -> list[str]:
+    """The cost block in words: accelerator-seconds per request and its basis, and with a price the
+    cost per 1,000 requests and per million output tokens; ``[]`` without a cost block."""
+    c = report.get("cost")
+    if not c:
+        return []
+    out = [
+        f"Accelerator time: {float(c['accelerator_seconds_per_request']) * 1000:.2f} ms per request "
+        f"(basis {c['basis']}: {c['basis_detail']})"
+    ]
+    price = c.get("accelerator_price_per_hour")
+    if price is None:
+        out.append("No accelerator_price_per_hour in the SLO file: no cost in money.")
+        return out
+    line = f"Cost at {price:g} per accelerator-hour: {float(c['cost_per_1k_requests']):.4f} per 1,000 requests"
+    if c.get("fleet_cost_per_1k_requests") is not None:
+        line += f" ({float(c['fleet_cost_per_1k_requests']):.4f} with the idle time of the fleet)"
+    if c.get("cost_per_million_output_tokens") is not None:
+        line += f", {float(c['cost_per_million_output_tokens']):.2f} per million output tokens"
+    out.append(line)
+    return out
+
+
+def cost_delta_text(cd: Any) -> str:
+    """``cost +100% (+0.0694 per 1,000 requests)`` for a lever's ``cost_delta``; ``""`` for none."""
+    if not cd:
+        return ""
+    rel = cd.get("relative")
+    if rel is None:
+        return f"cost {cd.get('sign', '0')} (size unknown)"
+    out = f"cost {float(rel):+.0%}"
+    if cd.get("per_1k_requests") is not None:
+        out += f" ({float(cd['per_1k_requests']):+.4f} per 1,000 requests"
+        if cd.get("per_million_output_tokens") is not None:
+            out += f", {float(cd['per_million_output_tokens']):+.2f} per million output tokens"
+        out += ")"
+    return out

@@ -26,6 +26,7 @@ SLI's histogram has a ``route`` label (``e2e``) and, without one, alert on all r
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ class SLO:
     window: str = "30d"
     #: accuracy points (0-100 scale) a model-changing lever may cost; None: no quality gate
     quality_budget: float | None = None
+    #: price of one accelerator-hour (any currency); None: the report gives accelerator-seconds only
+    accelerator_price_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
@@ -71,6 +74,13 @@ class SLO:
         qb = self.quality_budget
         if qb is not None and (isinstance(qb, bool) or not isinstance(qb, int | float) or not 0.0 <= qb <= 100.0):
             raise ValueError(f"quality_budget must be a number of accuracy points in [0, 100], got {qb!r}")
+        price = self.accelerator_price_per_hour
+        if price is not None and (
+            isinstance(price, bool) or not isinstance(price, int | float) or not math.isfinite(price) or price <= 0
+        ):
+            raise ValueError(
+                f"accelerator_price_per_hour must be a positive number (the price of one accelerator-hour), got {price!r}"
+            )
 
     @property
     def quantile(self) -> float:
@@ -106,6 +116,7 @@ class SLO:
             "window": self.window,
             "spec": self.spec,
             "quality_budget": self.quality_budget,
+            "accelerator_price_per_hour": self.accelerator_price_per_hour,
         }
 
 
@@ -156,7 +167,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
     if not isinstance(doc, dict) or not isinstance(doc.get("slos"), list) or not doc["slos"]:
         raise UserError(f"{p}: expected a mapping with a non-empty list 'slos:'")
     known = {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
-             "quality_budget"}  # fmt: skip
+             "quality_budget", "accelerator_price_per_hour"}  # fmt: skip
     out: list[SLO] = []
     names: set[str] = set()
     for i, item in enumerate(doc["slos"]):
@@ -180,6 +191,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
                 objective=float(item["objective"]),
                 window=str(item.get("window", "30d")),
                 quality_budget=item.get("quality_budget"),
+                accelerator_price_per_hour=item.get("accelerator_price_per_hour"),
             )
         except (TypeError, ValueError) as exc:
             raise UserError(f"{where} ({item.get('name')}): {exc}") from None
