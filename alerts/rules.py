@@ -175,7 +175,9 @@ def slo_rule_groups(slos: Sequence[SLO], runbook: str = DEFAULT_RUNBOOK) -> list
 
 def stage_rule_groups() -> list[dict[str, Any]]:
     """Per-stage p99 and mean, per-route p99, and the queue-depth series autoscalers read."""
-    by_stage = ("job", names.LABEL_MODEL, names.LABEL_STAGE)
+    # kind is a function of the stage name: grouping by it adds no series and keeps the label, so
+    # rules and dashboards can select stages by kind
+    by_stage = ("job", names.LABEL_MODEL, names.LABEL_STAGE, names.LABEL_KIND)
     return [
         {
             "name": "stagescope-stages",

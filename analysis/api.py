@@ -27,7 +27,16 @@ from stagescope.analysis import levers as L
 from stagescope.analysis import routes as R
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
-from stagescope.names import ATTR_STAGE, STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA, UNATTRIBUTED
+from stagescope.names import (
+    ATTR_STAGE,
+    KIND_UNKNOWN,
+    SOURCE_METRICS,
+    SOURCE_TRACES,
+    STATUS_BREACHED,
+    STATUS_MET,
+    STATUS_NO_DATA,
+    UNATTRIBUTED,
+)
 from stagescope.slo import SLO, parse_slo
 
 __all__ = ["analyze", "connection", "frames"]
@@ -60,25 +69,26 @@ def _slos(slo: str | SLO | list[SLO]) -> list[SLO]:
 
 
 def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
-    """The empirical CDF as ``[value_ms, share of samples at or below it]`` pairs, exact at
+    """The empirical CDF (weighted: the requests the samples stand for) as ``[value_ms, share at or
+    below it]`` pairs, exact at
     :data:`CDF_POINTS` log-spaced values between the smallest and the largest sample (one counting
     pass; the plot's x axis is logarithmic)."""
-    row = con.execute(f"SELECT min(value_ms), max(value_ms), count(*) FROM {view.name}").fetchone()
+    row = con.execute(f"SELECT min(value_ms), max(value_ms), sum(w) FROM {view.name}").fetchone()
     if not row or row[0] is None or not row[2]:
         return []
-    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), int(row[2])
+    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), float(row[2])
     if hi <= lo:
         return [[round(hi, 3), 1.0]]
     step = math.log(hi / lo) / CDF_POINTS
     counts = dict(
         con.execute(
             f"""SELECT least({CDF_POINTS}, CAST(ceil(ln(greatest(value_ms, {lo!r}) / {lo!r}) / {step!r}) AS INTEGER)) AS b,
-                       count(*) FROM {view.name} GROUP BY 1"""
+                       sum(w) FROM {view.name} GROUP BY 1"""
         ).fetchall()
     )
-    out, seen = [], 0
+    out, seen = [], 0.0
     for b in range(CDF_POINTS + 1):  # bucket b holds the samples in (x[b-1], x[b]]
-        seen += int(counts.get(b, 0))
+        seen += float(counts.get(b, 0))
         x = hi if b == CDF_POINTS else lo * math.exp(step * b)
         out.append([round(x, 3), round(seen / n, 6)])
     return out
@@ -180,6 +190,7 @@ def _analyze(
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
     targets, skipped = R.expand(con, R.restrict(_slos(slo), route))
     counters = _server_counters(con)
+    warns += counters.pop("warnings", [])
     reports = []
     for i, target in enumerate(targets):
         reports.append(_analyze_one(con, dataset, target, window, counters))
@@ -227,6 +238,7 @@ def _analyze_one(
     warns += view.warnings
     qs = ev_res["quantiles"]
     breached = ev_res["breached"]
+    share = ev_res["over_threshold_share"]
     report: dict[str, Any] = {
         "slo": slo.to_dict(),
         "route": slo.route,
@@ -237,13 +249,18 @@ def _analyze_one(
         "breached": breached,
         "latency_ms": {k: (None if qs[k] is None else round(qs[k], 3)) for k in ("p50", "p95", "p99")},
         "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),
+        "over_threshold_share": None if share is None else round(share, 5),
         "attribution": [],
         "verdict": None,
         "levers": [],
         "windows": ev_res["windows"],
         "warnings": warns,
+        "sources": _sources(view),
+        "sampling": _sampling(view),
         **(CX.quantile_fields(qs, view) if view.count else CX.empty_fields()),
     }
+    if "client_latency_ms" in view.sampling:
+        report["client_latency_ms"] = view.sampling["client_latency_ms"]
     if counters:
         report["server_counters"] = counters
     if view.count == 0:  # no data is never a verdict
@@ -252,7 +269,14 @@ def _analyze_one(
             con, slo, files=getattr(dataset, "files", None), inputs=getattr(dataset, "trace_inputs", None)
         )
         return report
+    if view.trace_samples == 0:  # the figures come from a complete source; no trace to split
+        warns.append(
+            f"no trace of SLO {slo.spec}'s requests was kept (its figures come from the "
+            f"{view.source.replace('_', ' ')}): nothing to split into stages"
+        )
+        return report
     attr = A.attribute(con, view, breached, qs)
+    warns += attr.warnings
     if attr.baseline_n == 0:
         warns.append(
             "no baseline: every sample is over the threshold, so no normal request to compare the stages "
@@ -261,6 +285,7 @@ def _analyze_one(
     ev = E.gather(con, view, attr)
     ev["shares"] = {r["stage"]: r["share"] for r in attr.rows}
     ev["excess"] = {r["stage"]: r["excess_ms"] for r in attr.rows}
+    ev["kinds"] = dict(attr.kinds)
     ev["batch_wait_cap_ms"] = C.batch_wait_cap_ms(ev)
     cf = C.stage_counterfactuals(con, view, attr, ev)
     for r in attr.rows:
@@ -269,9 +294,10 @@ def _analyze_one(
     report["tail"] = {
         "condition": attr.tail_condition, "baseline_condition": attr.baseline_condition,
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
+        "tail_requests": _r(attr.facts.get("tail_w")), "baseline_requests": _r(attr.facts.get("base_w")),
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
-    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model")}
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
         report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
     if breached:
@@ -316,9 +342,10 @@ def _unstaged(
 
 def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Mean queue / compute (Triton) and queue / prefill / decode (vLLM) time per request from the
-    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters."""
+    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters. Under
+    ``warnings``: where Triton's traces hold far fewer requests than its counters (its trace rate)."""
     try:
-        from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
+        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown, vllm_stage_means
     except ImportError:  # pragma: no cover - the ingest part ships with the package
         return {}
     out: dict[str, Any] = {}
@@ -329,6 +356,7 @@ def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         return {}
     if triton:
         out["triton"] = triton
+        out["warnings"] = trace_coverage(con, triton)  # popped by the caller: report warnings
     if vllm:
         out["vllm"] = vllm
     return out
@@ -339,12 +367,44 @@ def _r(x: float | None) -> float | None:
 
 
 def _request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
-    row = (
-        con.execute(f"SELECT count(DISTINCT trace_id) FROM {view.name}").fetchone()
-        if not view.per_request
-        else None
-    )
-    return int(row[0]) if row else view.count
+    """Requests the samples stand for (for gap SLIs: streams)."""
+    if view.per_request:
+        return round(view.weight_total)
+    row = con.execute(
+        f"SELECT sum(w) FROM (SELECT any_value(w) AS w FROM {view.name} WHERE trace_id IS NOT NULL GROUP BY trace_id)"
+    ).fetchone()
+    return round(float(row[0])) if row and row[0] is not None else 0
+
+
+def _sources(view: B.SLIView) -> dict[str, str]:
+    """Which input gave each figure of the report (``names.SOURCE_*``): the quantiles, shares and
+    request counts come from the view's source; the windows too, except that a histogram has no
+    times (its calibrated traces give them); the split of the time is always the traces'."""
+    src = view.source
+    return {
+        "latency_ms": src, "quantile_ms": src, "over_threshold_share": src, "requests": src,
+        "windows": SOURCE_TRACES if src == SOURCE_METRICS else src,
+        "attribution": SOURCE_TRACES, "levers": SOURCE_TRACES, "evidence": SOURCE_TRACES,
+    }  # fmt: skip
+
+
+def _sampling(view: B.SLIView) -> dict[str, Any]:
+    """What the traces say about their sampling and how the samples were weighted."""
+    f = view.sampling
+    out: dict[str, Any] = {
+        "traced_requests": f.get("requests", view.trace_samples),
+        "with_probability": f.get("known", 0),
+        "kept_below_probability_1": f.get("below_1", 0),
+        "unknown_probability": f.get("unknown", 0),
+        "sampled": bool(f.get("evidence") or f.get("below_1")),
+        "min_probability": f.get("min_p"),
+        "estimated_requests": f.get("estimated_requests"),
+        "weighted": view.weighted,
+    }
+    for k in ("network_ms", "histogram"):
+        if k in f:
+            out[k] = f[k]
+    return out
 
 
 def _levers(
@@ -354,32 +414,39 @@ def _levers(
     for r in attr.rows:
         if r["share"] < MIN_LEVER_SHARE:
             continue
-        for bad, bad_why in L.rejected(r["stage"], ev):  # failed the quality gate: listed, never chosen
+        kind = r.get("kind")
+        for bad, bad_why in L.rejected(r["stage"], kind, ev):  # failed the quality gate: listed, never chosen
             pred, model = C.lever_prediction(con, view, attr, ev, bad, r["stage"])
-            out.append({"lever": bad, "stage": r["stage"], "predicted_p99_ms": pred,
+            out.append({"lever": bad, "stage": r["stage"], "kind": kind, "predicted_p99_ms": pred,
                         "rationale": f"{bad_why} Predicted: {model}.", "acceptable": False,
                         "quality": L.quality(ev, bad)})  # fmt: skip
-        chosen = L.choose(r["stage"], ev)
+        chosen = L.choose(r["stage"], kind, ev)
         if chosen is None:
             continue
         lever, why = chosen
+        entry = {"lever": lever, "stage": r["stage"], "kind": r.get("kind")}
         if lever is None:
-            out.append({"lever": None, "stage": r["stage"], "predicted_p99_ms": None, "rationale": why})
+            out.append({**entry, "predicted_p99_ms": None, "rationale": why})
             continue
         pred, model = C.lever_prediction(con, view, attr, ev, lever, r["stage"])
-        entry: dict[str, Any] = {"lever": lever, "stage": r["stage"], "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
+        done: dict[str, Any] = {**entry, "predicted_p99_ms": pred, "rationale": f"{why} Predicted: {model}."}
         if (q := L.quality(ev, lever)) is not None:
-            entry.update(acceptable=True, quality=q)
-        out.append(entry)
+            done.update(acceptable=True, quality=q)
+        out.append(done)
     return out
 
 
 def _verdict(attr: A.Attribution, levers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stage and lever the report leads with: time in no stage when it is most of the excess;
+    else the first stage (largest share first) with a lever, unless a stage of unknown kind comes
+    before it (then that stage, with no lever: name its kind first)."""
     shares = {r["stage"]: r["share"] for r in attr.rows}
     if shares.get(UNATTRIBUTED, 0.0) > UNATTRIBUTED_VERDICT_SHARE:
         return {"stage": UNATTRIBUTED, "lever": None}
     for lv in levers:
-        if lv["lever"] is not None and lv.get("acceptable") is not False:
+        if (lv["lever"] is not None and lv.get("acceptable") is not False) or (
+            lv["lever"] is None and lv.get("kind") == KIND_UNKNOWN
+        ):
             return {"stage": lv["stage"], "lever": lv["lever"]}
     return None
 

@@ -41,7 +41,16 @@ Model (stated, with its limits):
     scatter around the fit among the streams with the smallest running batch (interference from
     prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
-    the step in progress and their own step, each carrying one 256-token chunk.
+    the step in progress and their own step, each carrying one 256-token chunk (these two LLM
+    models live in analysis.llm_levers).
+
+Sampled traces: every quantile and fit counts each breakdown row by the attribution's weight
+(``1 / sampling_p`` times its stratum's factor, analysis.weighting), and the arrivals and executor
+time the queueing models read are estimated from the weighted requests.
+
+Every model reads the stages by **kind** (analysis.kinds), not by name: "compute" is the time in
+the stages of kind compute (the batcher's ``compute``, a team's ``rerank``), "queue" that of kind
+queue, and so on; the stage a lever is predicted for is the one whose excess it answers.
 
 Limits: the model moves time within a request and keeps arrivals fixed; it cannot see effects the
 trace does not show (a cache's hit ratio on future traffic, a second executor's own warm-up), and for
@@ -55,15 +64,18 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
-from stagescope.analysis import intervals as I
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
-from stagescope.analysis.interval_sql import quantile_estimates
+from stagescope.analysis.breakdown import with_columns
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
+from stagescope.analysis.llm_levers import CHUNK_TOKENS, chunked_prefill, gap_prediction
+from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [
+    "CHUNK_TOKENS",
     "MODEL_LEVERS",
     "batch_wait_cap_ms",
     "lever_prediction",
@@ -75,122 +87,16 @@ __all__ = [
 
 #: Levers that swap the model for a faster variant: their compute factor is the service's measurement.
 MODEL_LEVERS: frozenset[str] = frozenset({N.LEVER_QUANTIZE, N.LEVER_COMPILE_RUNTIME})
-#: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
-CHUNK_TOKENS = 256
+#: Levers whose fallback model caps the stage's tail at its baseline quantile, with the kind of stage
+#: each is for.
 _CAP_TO_BASELINE: dict[str, str] = {
-    N.LEVER_CACHE_FEATURES: N.STAGE_FEATURE_FETCH,
-    N.LEVER_OFFLOAD_PREPROCESSING: N.STAGE_PREPROCESS,
-    N.LEVER_SHRINK_RESPONSE: N.STAGE_EGRESS,
-    N.LEVER_SCALE_OUT: N.STAGE_QUEUE,
-    N.LEVER_CHUNKED_PREFILL: N.STAGE_PREFILL,
+    N.LEVER_CACHE_FEATURES: N.KIND_FETCH,
+    N.LEVER_OFFLOAD_PREPROCESSING: N.KIND_CPU,
+    N.LEVER_SHRINK_RESPONSE: N.KIND_EGRESS,
+    N.LEVER_SCALE_OUT: N.KIND_QUEUE,
+    N.LEVER_CHUNKED_PREFILL: N.KIND_PREFILL,
+    N.LEVER_SHRINK_REQUEST: N.KIND_INGRESS,
 }
-
-
-def _q(
-    con: duckdb.DuckDBPyConnection,
-    src: str,
-    expr: str,
-    q: float,
-    attr: Attribution | None = None,
-    *,
-    part: bool = False,
-) -> I.Estimate | None:
-    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it), as an
-    :class:`~stagescope.analysis.intervals.Estimate` with its 95 % interval: the order statistics of
-    ``expr``'s values (the effect model's fitted parameters held fixed), or, on a sampled breakdown,
-    the same estimator at the levels of Woodruff's effective sample size (analysis.intervals)."""
-    if attr is not None and attr.weight is not None:
-        value = _q_value(con, src, expr, q, attr, part=part)
-        if value is None:
-            return None
-        row = con.execute(
-            f"SELECT sum({attr.weight}), {I.woodruff_sum_sql(expr, attr.weight, q, value)} FROM {src} "
-            f"WHERE ({expr}) IS NOT NULL"
-        ).fetchone()
-        n_eff = I.effective_n(float(row[0] or 0.0), float(row[1] or 0.0), q) if row else 0.0
-        lo, hi = I.levels(n_eff, q)
-        ends = [None if x is None else _q_value(con, src, expr, x, attr, part=part) for x in (lo, hi)]
-        return I.estimate(value, (ends[0], ends[1]), I.METHOD_WEIGHTED, round(n_eff, 1))
-    # every row once: the value and the interval's order statistics in one pass
-    row = con.execute(f"SELECT count({expr}) FROM {src}").fetchone()
-    n = int(row[0]) if row else 0
-    if n == 0:
-        return None
-    got = quantile_estimates(con, src, expr, {"q": q}, n, digits=3)
-    return got["q"]
-
-
-def _q_value(
-    con: duckdb.DuckDBPyConnection,
-    src: str,
-    expr: str,
-    q: float,
-    attr: Attribution | None = None,
-    *,
-    part: bool = False,
-) -> float | None:
-    """The value of :func:`_q`.
-
-    When ``attr`` says the breakdown is a sample (large inputs), every request outside the
-    candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
-    breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
-    exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
-    weighted by stratum (:func:`weighted_quantile`)."""
-    if attr is not None and attr.weight is not None:
-        if not part and attr.lower_ms is not None and attr.candidates > 0:
-            n, m = attr.total, attr.candidates
-            idx = q * (n - 1) - (n - m)  # position of the quantile among the m candidates (fractional)
-            if idx >= 0:
-                pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
-                row = con.execute(
-                    f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
-                ).fetchone()
-                if row and row[0] is not None and float(row[0]) > attr.lower_ms:
-                    return round(float(row[0]), 3)
-        return weighted_quantile(con, src, expr, q, attr.weight)
-    row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
-    return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile(
-    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, weight: str
-) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src`` where each row stands for ``weight`` samples (SQL):
-    linear interpolation between the samples at ranks ``floor(h)`` and ``floor(h) + 1``,
-    ``h = q * (total weight - 1)``; with every weight 1 it is ``quantile_cont``."""
-    row = con.execute(f"SELECT value FROM ({weighted_quantile_sql(src, expr, q, weight)})").fetchone()
-    return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile_sql(src: str, expr: str, q: float, weight: str, by: str | None = None) -> str:
-    """SQL of :func:`weighted_quantile` per group of ``by`` (columns ``g``, ``value``), or over all of
-    ``src`` (one row, ``g`` NULL)."""
-    return f"""WITH v AS (SELECT {by or "NULL"} AS g, {expr} AS v, {weight} AS w FROM {src}),
-                 k AS (SELECT * FROM v WHERE v IS NOT NULL AND w > 0),
-                 c AS (SELECT g, v, sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
-                              {q!r} * (sum(w) OVER (PARTITION BY g) - 1) AS h FROM k),
-                 b AS (SELECT g, max(v) FILTER (WHERE r0 <= floor(h)) AS lo,
-                              max(v) FILTER (WHERE r0 <= floor(h) + 1) AS hi, any_value(h - floor(h)) AS frac
-                       FROM c GROUP BY g)
-            SELECT g, lo + frac * (coalesce(hi, lo) - lo) AS value FROM b"""
-
-
-def weighted_slope(
-    con: duckdb.DuckDBPyConnection, src: str, y: str, x: str, weight: str | None
-) -> float | None:
-    """Least-squares slope of ``y`` on ``x`` over ``src`` (rows where both are known), each row
-    standing for ``weight`` samples (SQL; None: one each, DuckDB's ``regr_slope``). A sampled
-    breakdown over-represents the tail, so an unweighted fit over it would lean towards the tail."""
-    if weight is None:
-        row = con.execute(f"SELECT regr_slope({y}, {x}) FROM {src}").fetchone()
-    else:
-        row = con.execute(
-            f"""WITH v AS (SELECT {y} AS y, {x} AS x, {weight} AS w FROM {src}),
-                     k AS (SELECT * FROM v WHERE y IS NOT NULL AND x IS NOT NULL AND w > 0),
-                     m AS (SELECT sum(w * x) / sum(w) AS mx, sum(w * y) / sum(w) AS my FROM k)
-                SELECT sum(w * (x - mx) * (y - my)) / nullif(sum(w * (x - mx) * (x - mx)), 0) FROM k, m"""
-        ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
 
 
 def _base_q(ev: dict[str, Any], stage: str) -> float:
@@ -205,6 +111,14 @@ def _col(attr: Attribution, stage: str) -> str | None:
         return None  # not part of the server-side SLI
     c = attr.columns.get(stage)
     return None if c is None else f"coalesce({c}, 0)"
+
+
+def _kind_col(attr: Attribution, kind: str) -> str | None:
+    """SQL for a request's time in the stages of ``kind`` (their columns summed), or None."""
+    cols = [f"coalesce({attr.columns[s]}, 0)" for s in attr.of_kind(kind)]
+    if not cols:
+        return None
+    return cols[0] if len(cols) == 1 else "(" + " + ".join(cols) + ")"
 
 
 def stage_counterfactuals(
@@ -225,10 +139,17 @@ def stage_counterfactuals(
 
 
 def batch_wait_cap_ms(ev: dict[str, Any]) -> float:
-    """Recommended maximum batch wait (ms): a quarter of the baseline's typical compute time, between
-    1 and 10 ms. Waiting longer for a batch than a fraction of one batch's compute costs more latency
-    than the larger batch saves; 5 ms when the trace has no compute stage."""
-    comp = (ev.get("stage_quantiles", {}).get(N.STAGE_COMPUTE) or {}).get("baseline_p50_ms")
+    """Recommended maximum batch wait (ms): a quarter of the baseline's typical compute time (the
+    baseline p50s of the compute-kind stages, summed), between 1 and 10 ms. Waiting longer for a
+    batch than a fraction of one batch's compute costs more latency than the larger batch saves; 5 ms
+    when the trace has no compute stage."""
+    kinds = ev.get("kinds") or {N.STAGE_COMPUTE: N.KIND_COMPUTE}
+    quantiles = ev.get("stage_quantiles", {})
+    comp = sum(
+        float((quantiles.get(s) or {}).get("baseline_p50_ms") or 0.0)
+        for s, k in kinds.items()
+        if k == N.KIND_COMPUTE
+    )
     if not comp:
         return 5.0
     return round(min(10.0, max(1.0, 0.25 * float(comp))), 1)
@@ -241,35 +162,45 @@ def _rho(ev: dict[str, Any]) -> float:
     return 0.5
 
 
-def _with_requests(cols: str) -> str:
-    """``ss_breakdown`` with columns ``cols`` computed from its per-request attributes."""
-    return f"(SELECT *, {cols} FROM {BREAKDOWN})"
-
-
 def executor_model(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
 ) -> dict[str, float] | None:
     """The executor as a queue: current executors (most batches computing at once), service time per
     request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
-    comp = attr.columns.get(N.STAGE_COMPUTE)
-    if comp is None:
+    compute_stages = attr.of_kind(N.KIND_COMPUTE)
+    if not compute_stages:
         return None
+    computing = "s.stage IN (" + ", ".join(sql_str(x) for x in compute_stages) + ")"
     # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
     # few of each batch's members and overstate the executor time per request)
     ref = trace_ref(con)
     reqs = f"(SELECT {ref} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
     row = con.execute(
         f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN {reqs} r USING ({ref}) WHERE s.stage = {sql_str(N.STAGE_COMPUTE)}),
+                       SEMI JOIN {reqs} r USING ({ref}) WHERE {computing}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
                (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE {ref} IN
-                                           (SELECT {ref} FROM stages WHERE stage = {sql_str(N.STAGE_COMPUTE)}))"""
+                                           (SELECT {ref} FROM stages s WHERE {computing}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
     busy_ms, mean_b, var_b, conc, served = row
+    if attr.weighted and attr.weight is not None:
+        # sampled traces: the kept requests' batches are not the executor's batches; per request, its
+        # batch's time over the batch size is its share of the executor (counted 1 / p times)
+        w, comp = attr.weight, _kind_col(attr, N.KIND_COMPUTE)
+        got = con.execute(
+            f"""SELECT sum({w} * {comp} / greatest(coalesce(batch_size, 1), 1)) / sum({w}),
+                       sum({w} * {comp}) / sum({w}), sum({w} * {comp} * {comp}) / sum({w})
+                FROM {BREAKDOWN} WHERE {comp} > 0"""
+        ).fetchone()
+        if got is None or not got[0]:
+            return None
+        per_req, m1, m2 = (float(v) for v in got)
+        busy_ms, served = per_req, 1.0
+        mean_b, var_b = m1 * 1e6, max(0.0, m2 - m1 * m1) * 1e12  # ns, as the batch rows above
     arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(served))
     return {
         "executors": float(max(1, int(conc or 1))),
@@ -300,7 +231,7 @@ def _scale_out(
 
 
 def _offload(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, stage: str
 ) -> tuple[float | None, str] | None:
     p5 = _q(con, BREAKDOWN, col, 0.05, attr, part=True)
     if p5 is None:
@@ -334,7 +265,7 @@ def _offload(
         else f"the smallest with under {view.slo.error_budget:.1%} of requests waiting"
     )
     return pred, (
-        f"preprocessing ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {model.servers} "
+        f"{stage} ({service_ms:.1f} ms of CPU per request, the stage's p5) on a pool of {model.servers} "
         f"workers, {how} at {arr.rate_per_s:.1f} req/s ({model.p_wait:.0%} of requests wait for a worker)"
     )
 
@@ -343,25 +274,21 @@ def _cap_batch_wait(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str
 ) -> tuple[float | None, str]:
     cap = batch_wait_cap_ms(ev)
-    comp = attr.columns.get(N.STAGE_COMPUTE)
+    comp = _kind_col(attr, N.KIND_COMPUTE)
     arr = Q.arrivals(con, view.arrivals)
     slope = None
     if comp is not None:
-        got = weighted_slope(
-            con, _with_requests("batch_size AS batch"), f"coalesce({comp}, 0)", "batch", attr.weight
-        )
+        got = weighted_slope(con, with_columns("batch_size AS batch"), comp, "batch", attr.weight)
         slope = got if got is not None and got > 0 else None
     new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
     shrink = "0"
     note = ""
     if slope is not None and comp is not None:
-        shrink = (
-            f"least(coalesce({comp}, 0), {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
-        )
+        shrink = f"least({comp}, {float(slope)!r} * greatest(coalesce(batch, 0) - {new_batch!r}, 0))"
         note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
     pred = _q(
         con,
-        _with_requests("batch_size AS batch"),
+        with_columns("batch_size AS batch"),
         f"value_ms - greatest({col} - {cap!r}, 0) - {shrink}",
         view.slo.quantile,
         attr,
@@ -375,7 +302,9 @@ def _prewarm(
     """Prewarm: the requests that waited for a model load (and ran in the oversized batches of the
     backlog behind it) are served like the requests that did not, so the quantile after the lever is
     the quantile of the unaffected requests."""
-    src = f"(SELECT * FROM {_with_requests('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+    src = (
+        f"(SELECT * FROM {with_columns('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+    )
     row = con.execute(f"SELECT count(*) FROM {src}").fetchone()
     if not row or not row[0]:
         return None, "every request waited for a model load: nothing to compare with"
@@ -396,18 +325,19 @@ def lever_prediction(
     """Predicted SLO quantile (ms) after ``lever`` and a one-line statement of the model used."""
     q = view.slo.quantile
     if not view.per_request:  # inter-token gaps
-        return _gap_prediction(con, view, ev, lever)
+        return gap_prediction(con, view, ev, lever)
     col = _col(attr, stage)
     if lever == N.LEVER_SCALE_OUT and col is not None:
         got = _scale_out(con, view, attr, col)
         if got is not None:
             return got
-    if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and stage == N.STAGE_PREPROCESS:
-        got = _offload(con, view, attr, col)
+    kind = attr.kinds.get(stage)
+    if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and kind == N.KIND_CPU:
+        got = _offload(con, view, attr, col, stage)
         if got is not None:
             return got
     if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
-        got = _chunked_prefill(con, view, attr, col)
+        got = chunked_prefill(con, view, attr, col)
         if got is not None:
             return got
     if lever in _CAP_TO_BASELINE and col is not None:
@@ -427,11 +357,11 @@ def lever_prediction(
                 f"no effect model: the service exported no measured batch time for {lever} "
                 f"({N.METRIC_MODEL_VARIANT_BATCH}); measure after applying"
             )
-        comp = _col(attr, N.STAGE_COMPUTE) or "0"
-        queue = _col(attr, N.STAGE_QUEUE) or "0"
+        comp = _kind_col(attr, N.KIND_COMPUTE) or "0"  # compute- and queue-kind time (analysis.kinds)
+        queue = _kind_col(attr, N.KIND_QUEUE) or "0"
         ratio = QL.ratio_sql(curve, f"coalesce({comp}, 0)")
         new_compute = f"value_ms - {comp} * (1 - {ratio})"
-        m = executor_model(con, view, attr) if _col(attr, N.STAGE_QUEUE) is not None else None
+        m = executor_model(con, view, attr) if _kind_col(attr, N.KIND_QUEUE) is not None else None
         if m is not None:
             # the executors as a G/G/c queue (as for scale-out) whose service time shrinks by the
             # compute-weighted measured ratio; each request's queue time becomes that queue's wait
@@ -451,7 +381,8 @@ def lever_prediction(
                     "requests wait)",
                 )
         # no executor model (no compute spans to fit it on): M/M/1 relief at the measured utilization
-        tail_compute = (ev.get("stage_quantiles", {}).get(N.STAGE_COMPUTE) or {}).get("tail_q_ms")
+        tails = [(ev.get("stage_quantiles", {}).get(st) or {}).get("tail_q_ms") for st in attr.of_kind(N.KIND_COMPUTE)]
+        tail_compute = sum(float(t) for t in tails if t is not None) if any(t is not None for t in tails) else None
         f, rows = QL.nearest_ratio(curve, tail_compute)
         rho = _rho(ev)
         rho2 = rho * f
@@ -464,7 +395,7 @@ def lever_prediction(
     if lever == N.LEVER_CACHE_RESULTS:
         saved = (
             " + ".join(
-                c for c in (_col(attr, s) for s in (N.STAGE_BATCH_WAIT, N.STAGE_QUEUE, N.STAGE_COMPUTE)) if c
+                c for c in (_kind_col(attr, k) for k in (N.KIND_BATCH_WAIT, N.KIND_QUEUE, N.KIND_COMPUTE)) if c
             )
             or "0"
         )
@@ -492,86 +423,3 @@ def lever_prediction(
             con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr
         ), f"{stage} capped at its baseline"
     return None, "no model for this stage"
-
-
-def _gap_prediction(
-    con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
-) -> tuple[float | None, str]:
-    q = view.slo.quantile
-    src = (
-        f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
-        "USING (trace_id)"
-    )
-    if lever == N.LEVER_SPECULATIVE_DECODING:
-        return _q(
-            con, view.name, "value_ms * 0.5", q
-        ), "decode gaps halved (speculative decoding, typical 2x)"
-    row = con.execute(
-        f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
-    ).fetchone()
-    if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
-        slope, icpt = float(row[0]), float(row[1])
-        cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
-        # scatter around the fit where the running batch varies least (its lowest decile): the
-        # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        # the scatter's quantile carries the prediction's interval (the fit held fixed)
-        low = f"(SELECT * FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src}))"
-        res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q)
-        scatter = max(0.0, float(res)) if res is not None else 0.0
-        before = _q(con, view.name, "value_ms", q)
-        step = icpt + slope * cap
-        pred = step + scatter
-        lo, hi = res.interval if res is not None else (None, None)
-        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
-        if before is not None and pred > before:  # capping never makes gaps slower than they were
-            pred, ends = float(before), list(before.interval)
-        return (
-            I.estimate(pred, (ends[0], ends[1]), I.METHOD_ORDER, res.samples if res is not None else 0.0),
-            f"running decode batch capped at {cap:.0f} streams, where the fitted step "
-            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
-            f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
-        )
-    base = _q(con, view.name, "value_ms", 0.5)
-    if base is None:
-        return None, "no gaps"
-    return _q(
-        con, view.name, f"least(value_ms, {base * 1.5!r})", q
-    ), "slow gaps capped at 1.5x the median gap"
-
-
-def _chunked_prefill(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
-) -> tuple[float | None, str] | None:
-    """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
-    behind a long prefill for more than the step in progress plus its own step, each of which now
-    carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
-    the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
-    cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
-    # on a sampled breakdown (which over-represents the tail) every statistic is weighted by stratum
-    w = attr.weight or "1.0"
-    src = _with_requests(f"input_tokens AS tokens, itl_mean_ms AS itl, {w} AS w")
-    bucketed = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src})"  # power-of-two buckets
-    kq = f"(SELECT * FROM {bucketed} WHERE tokens IS NOT NULL)"
-    intrinsic = (
-        f"(SELECT g AS k, value AS intrinsic FROM ({weighted_quantile_sql(kq, col, 0.1, 'w', by='k')}))"
-    )
-    row = con.execute(
-        f"""WITH t AS (SELECT k, sum(w * tokens) / sum(w) AS t FROM {kq} WHERE w > 0 GROUP BY k)
-            SELECT regr_slope(i.intrinsic, t.t), count(*) FROM {intrinsic} i JOIN t USING (k)"""
-    ).fetchone()
-    if row is None or row[1] is None or row[1] < 2 or row[0] is None or row[0] <= 0:
-        return None
-    per_token, gap = float(row[0]), weighted_quantile(con, src, "itl", 0.5, "w") or 0.0
-    step = gap + CHUNK_TOKENS * per_token
-    pred = _q(
-        con,
-        f"{bucketed} LEFT JOIN {intrinsic} USING (k)",
-        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
-        view.slo.quantile,
-        attr,
-    )
-    return pred, (
-        f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
-        f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
-        f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
-    )

@@ -10,7 +10,7 @@ each window's largest values (``max(value_ms, K)``), not from sorting the window
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
@@ -25,38 +25,9 @@ from stagescope.analysis.intervals import (
     rank_bounds,
     woodruff_sum_sql,
 )
+from stagescope.analysis.weighting import breakdown_quantile, weighted_quantiles
 
-__all__ = ["quantile_estimates", "weighted_quantiles", "window_intervals"]
-
-
-def weighted_quantiles(
-    con: duckdb.DuckDBPyConnection, src: str, expr: str, qs: Sequence[float], weight: str
-) -> list[float | None]:
-    """Quantiles of ``expr`` over ``src`` where each row stands for ``weight`` samples, at several
-    levels in one sorted pass: linear interpolation between the rows at cumulative weight ranks
-    ``floor(h)`` and ``floor(h) + 1``, ``h = level * (total - 1)`` (analysis.counterfactual's
-    weighted quantile; with every weight 1, ``quantile_cont``)."""
-    if not qs:
-        return []
-    picks = ", ".join(
-        f"max(v) FILTER (WHERE r0 <= floor({q!r} * (t - 1))), max(v) FILTER (WHERE r0 <= floor({q!r} * (t - 1)) + 1), "
-        f"any_value({q!r} * (t - 1) - floor({q!r} * (t - 1)))"
-        for q in qs
-    )
-    row = con.execute(
-        f"""WITH k AS (SELECT {expr} AS v, {weight} AS w FROM {src} WHERE ({expr}) IS NOT NULL AND ({weight}) > 0),
-                 c AS (SELECT v, sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0, sum(w) OVER () AS t FROM k)
-            SELECT {picks} FROM c"""
-    ).fetchone()
-    out: list[float | None] = []
-    for i in range(len(qs)):
-        lo, hi, frac = row[3 * i : 3 * i + 3] if row else (None, None, None)
-        out.append(
-            None
-            if lo is None
-            else float(lo) + float(frac or 0.0) * (float(hi if hi is not None else lo) - float(lo))
-        )
-    return out
+__all__ = ["breakdown_estimate", "quantile_estimates", "window_intervals"]
 
 
 def _interval_levels(
@@ -196,3 +167,34 @@ def window_intervals(
             )
         res[w] = (ends[0], ends[1])
     return res
+
+
+def breakdown_estimate(
+    con: duckdb.DuckDBPyConnection,
+    src: str,
+    expr: str,
+    q: float,
+    attr: Any = None,
+    *,
+    part: bool = False,
+    weight: str | None = None,
+) -> Estimate | None:
+    """analysis.weighting.breakdown_quantile (same arguments, same value) as an :class:`Estimate`
+    with its 95 % interval: the order statistics of ``expr``'s values where every row counts once
+    (the effect model's fitted parameters held fixed), else the same estimator at the levels of
+    Woodruff's effective sample size for the rows' weights (the breakdown's strata, or sampling)."""
+    wt = weight if attr is None else getattr(attr, "weight", None)
+    if wt is None:
+        row = con.execute(f"SELECT count({expr}) FROM {src}").fetchone()
+        n = int(row[0]) if row else 0
+        return None if n == 0 else quantile_estimates(con, src, expr, {"q": q}, n, digits=3)["q"]
+    value = breakdown_quantile(con, src, expr, q, attr, part=part, weight=weight)
+    if value is None:
+        return None
+    row = con.execute(
+        f"SELECT sum({wt}) FILTER (WHERE ({expr}) IS NOT NULL), {woodruff_sum_sql(expr, wt, q, value)} FROM {src}"
+    ).fetchone()
+    n_eff = effective_n(float(row[0] or 0.0), float(row[1] or 0.0), q) if row else 0.0
+    lo, hi = levels(n_eff, q)
+    ends = [None if x is None else breakdown_quantile(con, src, expr, x, attr, part=part, weight=weight) for x in (lo, hi)]
+    return estimate(value, (ends[0], ends[1]), METHOD_WEIGHTED, round(n_eff, 1))

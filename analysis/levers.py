@@ -1,10 +1,16 @@
-"""The lever rules: ONE table from (stage, evidence) to a no-retrain lever, with a rationale that
-cites the measured numbers.
+"""The lever rules: ONE table from (stage kind, evidence) to a no-retrain lever, with a rationale
+that names the stage and cites the measured numbers.
+
+Rules are chosen by the stage's **kind** (``names.KINDS``), not its name: a team's own ``rerank``
+stage of kind ``compute`` gets the compute rules, a ``retrieve`` of kind ``fetch`` the cache rule,
+each with its own name in the rationale. A stage of kind ``unknown`` (a custom name nobody gave a
+kind) gets no lever: its rule says so and asks for the kind to be named. Time in no stage
+(``unattributed``) has a rule of its own.
 
 Order of practice: measure first (time in no stage -> add stage spans, no lever), then cut the
 per-request cost (cache, quantize, compile, batch settings), and scale out only when the queue, not
 per-request cost, owns the tail. Low accelerator utilization with a slow CPU stage points to the
-pipeline, not the model. Rules are tried top to bottom; the first whose stage matches and whose
+pipeline, not the model. Rules are tried top to bottom; the first whose kind matches and whose
 condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
 must also pass the quality gate: when the service exported the accuracy its variant measured on the
 model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
@@ -20,7 +26,7 @@ from typing import Any
 from stagescope import names as N
 from stagescope.analysis import quality as QL
 
-__all__ = ["RULES", "Rule", "choose", "quality", "rejected"]
+__all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
 
 Evidence = dict[str, Any]
 
@@ -44,6 +50,19 @@ def _n(x: Any, unit: str = "", nd: int = 1) -> str:
 
 def _share(ev: Evidence, stage: str) -> float:
     return float(ev.get("shares", {}).get(stage, 0.0))
+
+
+def kind_share(ev: Evidence, kind: str) -> float:
+    """Summed share of the excess of every stage of ``kind`` (``ev["kinds"]``: stage -> kind)."""
+    kinds = ev.get("kinds", {})
+    return sum(float(v) for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind)
+
+
+def _of_kind(ev: Evidence, kind: str) -> str:
+    """The stages of ``kind`` that explain part of the excess, named for a rationale."""
+    kinds = ev.get("kinds", {})
+    found = [s for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind and float(v) > 0]
+    return "/".join(found) or kind
 
 
 def _util(ev: Evidence) -> str:
@@ -91,9 +110,14 @@ def _large_running(ev: Evidence) -> bool:
 def _stage_line(ev: Evidence, stage: str) -> str:
     sq = ev.get("stage_quantiles", {}).get(stage) or {}
     ex = ev.get("excess", {}).get(stage)
-    txt = f"{stage} explains {_share(ev, stage):.0%} of the tail's excess latency ({_n(ex, ' ms')} per slow request)"
+    kind = ev.get("kinds", {}).get(stage)
+    named = stage if stage in N.STAGE_KINDS or stage == N.UNATTRIBUTED or not kind else f"{stage} (kind {kind})"
+    txt = f"{named} explains {_share(ev, stage):.0%} of the tail's excess latency ({_n(ex, ' ms')} per slow request)"
     if sq:
         txt += f"; tail p50 {_n(sq.get('tail_p50_ms'), ' ms')} vs baseline p50 {_n(sq.get('baseline_p50_ms'), ' ms')}"
+    if stage == N.STAGE_OVERFLOW:
+        txt += (f" ({N.STAGE_OVERFLOW} holds stage names past a cap on distinct names: see the warnings; "
+                "name fewer stages to see them apart)")
     return txt
 
 
@@ -130,13 +154,15 @@ def _not_acceptable(ev: Evidence, lever: str) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """``stage`` + ``when(evidence)`` -> ``lever``; ``why(evidence)`` is the rationale. ``gated``: the
-    lever changes the model, so it must also pass the quality gate."""
+    """``kind`` + ``when(evidence)`` -> ``lever``; ``why(evidence, stage)`` is the rationale for the
+    stage (of that kind) it is applied to. ``kind`` is one of ``names.KINDS``, ``names.KIND_UNKNOWN``
+    or ``names.UNATTRIBUTED`` (time in no stage). ``gated``: the lever changes the model, so it must
+    also pass the quality gate."""
 
-    stage: str
+    kind: str
     lever: str | None
     when: Callable[[Evidence], bool]
-    why: Callable[[Evidence], str]
+    why: Callable[[Evidence, str], str]
     gated: bool = False
 
     def acceptable(self, ev: Evidence) -> bool:
@@ -149,92 +175,139 @@ def _always(ev: Evidence) -> bool:
     return True
 
 
+def _compute_feeds_queue(ev: Evidence) -> bool:
+    return kind_share(ev, N.KIND_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE
+
+
+def _repeats(ev: Evidence) -> bool:
+    return float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE
+
+
+def _pct(ev: Evidence, key: str) -> str:
+    return _n((ev.get(key) or 0) * 100, "%", 0)
+
+
+def _in(st: str) -> str:
+    return "" if st == N.STAGE_COMPUTE else " in " + st
+
+
+#: What receiving or sending the data costs, for the stages other servers measure (Triton's frontend
+#: and tensor copies): the kind's lever with advice for that stage; other stages of the kind get the
+#: kind's general advice.
+_INGRESS_ADVICE: dict[str, str] = {
+    N.STAGE_RECEIVE: "The server is reading large requests off the network: send smaller inputs (binary "
+    "tensor data instead of JSON; shared memory for a client on the same host).",
+    N.STAGE_DESERIALIZE: "Parsing requests into tensors costs CPU per element: send inputs as binary tensor "
+    "data (Triton's binary tensor extension) or gRPC, not JSON numbers.",
+    N.STAGE_COMPUTE_INPUT: "Copying input tensors to the model (host to GPU): pass them in CUDA shared "
+    "memory, or send fewer and smaller tensors.",
+}
+_EGRESS_ADVICE: dict[str, str] = {
+    N.STAGE_COMPUTE_OUTPUT: "Copying output tensors from the model (GPU to host): request only the outputs "
+    "the client uses, make them smaller, or return them in CUDA shared memory.",
+}
+
+
 RULES: tuple[Rule, ...] = (
-    Rule(N.UNATTRIBUTED, None, _always, lambda ev: (
-        f"{_stage_line(ev, N.UNATTRIBUTED)}: time in no stage span. Measure first: add stage spans "
+    Rule(N.UNATTRIBUTED, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}: time in no stage span. Measure first: add stage spans "
         "(stagescope.stage) around the uninstrumented work before choosing a lever.")),
-    Rule(N.STAGE_FEATURE_FETCH, N.LEVER_CACHE_FEATURES, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_FEATURE_FETCH)}. Slow feature-store reads: serve hot features from a "
+    Rule(N.KIND_UNKNOWN, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}, but its kind is unknown: it is not a built-in stage and its spans carry "
+        f"no {N.ATTR_STAGE_KIND}, so no lever is guessed. Name its kind, e.g. "
+        f"stagescope.stage({st!r}, kind=...) with one of {', '.join(N.KINDS)}, and analyse again.")),
+    Rule(N.KIND_FETCH, N.LEVER_CACHE_FEATURES, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. Slow reads from another store or service: serve "
+        f"{'hot features' if st == N.STAGE_FEATURE_FETCH else 'what ' + st + ' reads for hot keys'} from a "
         "local cache (per-request cost, no retraining).")),
-    Rule(N.STAGE_PREPROCESS, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREPROCESS)}; {_util(ev)}"
+    Rule(N.KIND_CPU, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}"
         + (": the accelerator starves while the CPU works, so the pipeline, not the model, is the bottleneck"
            if _low_util(ev) else "")
-        + ". Move preprocessing to a worker pool (or the client) so it runs in parallel.")),
-    Rule(N.STAGE_POSTPROCESS, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_POSTPROCESS)}; {_util(ev)}. CPU postprocessing on the request path: "
-        "move it to a worker pool.")),
-    Rule(N.STAGE_COLD_START, N.LEVER_PREWARM, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COLD_START)}; {_n((ev.get('cold_start_share_tail') or 0) * 100, '%', 0)} of "
-        "tail requests waited for a model load. Load the model before the instance reports ready.")),
-    Rule(N.STAGE_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_BATCH_WAIT)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
+        + f". CPU work on the request path ({st}): move it to a worker pool (or the client) so it runs "
+        "in parallel.")),
+    Rule(N.KIND_COLD_START, N.LEVER_PREWARM, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
+        "load. Load the model before the instance reports ready.")),
+    Rule(N.KIND_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
         f"timer, not when full: cap the max batch wait at {_n(ev.get('batch_wait_cap_ms'), ' ms')}.")),
-    Rule(N.STAGE_QUEUE, N.LEVER_QUANTIZE, lambda ev: _share(ev, N.STAGE_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE,
-         lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}, but compute also explains {_share(ev, N.STAGE_COMPUTE):.0%}: "
-        "per-request cost feeds the queue. Cut per-request cost (quantize) before scaling out."
-        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
-    Rule(N.STAGE_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_QUEUE)}; queue depth {_n(ev.get('queue_depth_tail'))} in the tail vs "
+    Rule(N.KIND_QUEUE, N.LEVER_QUANTIZE, _compute_feeds_queue, lambda ev, st: (
+        f"{_stage_line(ev, st)}, but compute ({_of_kind(ev, N.KIND_COMPUTE)}) also explains "
+        f"{kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
+        "(quantize) before scaling out." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; queue depth {_n(ev.get('queue_depth_tail'))} in the tail vs "
         f"{_n(ev.get('queue_depth_baseline'))} in the baseline; batches {_n(ev.get('batch_size_tail'))} "
         f"(largest {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}; compute explains only "
-        f"{_share(ev, N.STAGE_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
+        f"{kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
         "(scale out, autoscale on queue depth).")),
-    Rule(N.STAGE_COMPUTE, N.LEVER_CACHE_RESULTS,
-         lambda ev: float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)} of "
-        f"slow requests repeat an input already seen (baseline "
-        f"{_n((ev.get('repeated_hash_share_baseline') or 0) * 100, '%', 0)}). Cache results by input hash "
+    Rule(N.KIND_COMPUTE, N.LEVER_CACHE_RESULTS, _repeats, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat an input "
+        f"already seen (baseline {_pct(ev, 'repeated_hash_share_baseline')}). Cache results by input hash "
         "instead of recomputing them.")),
-    Rule(N.STAGE_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}; repeated inputs in the tail "
-        f"{_n((ev.get('repeated_hash_share_tail') or 0) * 100, '%', 0)}. Cut the model's per-request cost: "
-        "quantize (int8) or compile the runtime." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
-    Rule(N.STAGE_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_COMPUTE)}; {_util(ev)}. Cut the model's per-request cost without changing "
+    Rule(N.KIND_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}; repeated inputs in the tail {_pct(ev, 'repeated_hash_share_tail')}. "
+        f"Cut the model's per-request cost{_in(st)}: quantize (int8) or compile the runtime."
+        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
         + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
-    Rule(N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_PREFILL)}. Long prompts hold the scheduler in prefill: enable chunked "
+    Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
         "prefill so prompt processing is interleaved with other requests.")),
-    Rule(N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, _large_running, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; the running decode batch is {_n(_running(ev)[0])} streams "
+    Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
+        f"{_stage_line(ev, st)}; the running decode batch is {_n(_running(ev)[0])} streams "
         f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
         f"{_n(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {_n(ev.get('batch_r2'), '', 2)}), "
         f"{_n((_batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
         "(max_num_seqs / max_num_batched_tokens).")),
-    Rule(N.STAGE_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_DECODE)}; the running batch is not larger around slow gaps "
+    Rule(N.KIND_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}; the running batch is not larger around slow gaps "
         f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])}): each decode step itself is slow. "
         "Speculative decoding cuts the steps per token.")),
-    Rule(N.STAGE_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_EGRESS)}. Serializing and writing large responses: shrink the payload "
-        "(fewer fields, compact encoding, compression).")),
-    Rule(N.STAGE_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev: (
-        f"{_stage_line(ev, N.STAGE_NETWORK)} (client minus server time). Transfer time: shrink the response.")),
+    Rule(N.KIND_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. " + _EGRESS_ADVICE.get(st, "Serializing and writing large responses: shrink "
+                                                           "the payload (fewer fields, compact encoding, compression).")
+    )),
+    Rule(N.KIND_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}{' (client minus server time)' if st == N.STAGE_NETWORK else ''}. "
+        "Transfer time: shrink the response.")),
+    # receiving and decoding requests (Triton's frontend and input copies, see analysis/ingest/triton.py)
+    Rule(N.KIND_INGRESS, N.LEVER_SHRINK_REQUEST, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. " + _INGRESS_ADVICE.get(st, (
+            f"The server spends this time taking requests in ({st}): send smaller inputs (binary tensor "
+            "data instead of JSON, fewer and smaller tensors)."))
+    )),
 )  # fmt: skip
 
 
-def choose(stage: str, ev: Evidence) -> tuple[str | None, str] | None:
-    """The first rule matching ``stage`` and the evidence whose lever is acceptable:
-    ``(lever, rationale)``; None if no rule."""
+def _key(stage: str, kind: str | None) -> str:
+    return N.UNATTRIBUTED if stage == N.UNATTRIBUTED else (kind or N.KIND_UNKNOWN)
+
+
+def choose(stage: str, kind: str | None, ev: Evidence) -> tuple[str | None, str] | None:
+    """The first rule matching the stage's ``kind`` (``unattributed`` for time in no stage; None:
+    unknown) and the evidence whose lever is acceptable: ``(lever, rationale)``; None if no rule."""
+    key = _key(stage, kind)
     for rule in RULES:
-        if rule.stage == stage and rule.when(ev) and rule.acceptable(ev):
-            return rule.lever, rule.why(ev)
+        if rule.kind == key and rule.when(ev) and rule.acceptable(ev):
+            return rule.lever, rule.why(ev, stage)
     return None
 
 
-def rejected(stage: str, ev: Evidence) -> list[tuple[str, str]]:
-    """The levers that matched ``stage`` and the evidence ahead of the chosen one but failed the quality
-    gate: ``(lever, rationale)`` each, the rationale saying why it is not acceptable."""
+def rejected(stage: str, kind: str | None, ev: Evidence) -> list[tuple[str, str]]:
+    """The levers that matched the stage's kind and the evidence ahead of the chosen one but failed the
+    quality gate: ``(lever, rationale)`` each, the rationale saying why it is not acceptable."""
+    key = _key(stage, kind)
     out: list[tuple[str, str]] = []
     for rule in RULES:
-        if rule.stage != stage or not rule.when(ev):
+        if rule.kind != key or not rule.when(ev):
             continue
         if rule.acceptable(ev):
             break
         assert rule.lever is not None
-        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev)}"))
+        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev, stage)}"))
     return out

@@ -6,6 +6,7 @@ Each function returns ``None`` when the report has nothing to draw for it. Laten
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 
 import matplotlib
@@ -14,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from stagescope.names import STAGES, UNATTRIBUTED
+from stagescope.names import STAGE_KINDS, STAGES, UNATTRIBUTED
 
 __all__ = ["breakdown_png", "cdf_png", "slowest_png", "timeline_png"]
 
@@ -26,8 +27,15 @@ _PALETTE = [plt.get_cmap("tab20")(i) for i in range(20)]
 def _color(stage: str) -> Any:
     if stage == UNATTRIBUTED:
         return "#bbbbbb"
-    i = STAGES.index(stage) if stage in STAGES else len(STAGES) + (hash(stage) % 8)
+    # a team's own stages: a colour from the name's CRC (stable from run to run, unlike hash())
+    i = STAGES.index(stage) if stage in STAGES else len(STAGES) + (zlib.crc32(stage.encode()) % 8)
     return _PALETTE[(2 * i) % len(_PALETTE)]
+
+
+def _label(row: dict[str, Any]) -> str:
+    """A stage as the plots name it: a team's own stage with its kind."""
+    kind = row.get("kind")
+    return row["stage"] if kind is None or row["stage"] in STAGE_KINDS else f"{row['stage']} [{kind}]"
 
 
 def _png(fig: Figure) -> bytes:
@@ -54,7 +62,7 @@ def breakdown_png(report: dict[str, Any]) -> bytes | None:
     ax.barh(
         [i - 0.2 for i in y], [r["baseline_mean_ms"] or 0 for r in rows], 0.4, color=BASE, label="baseline"
     )
-    ax.set_yticks(list(y), [f"{r['stage']} ({r['share']:.0%})" for r in rows])
+    ax.set_yticks(list(y), [f"{_label(r)} ({r['share']:.0%})" for r in rows])
     ax.set_xlabel("mean time per request (ms)")
     ax.set_title(f"Stage breakdown of the {_what(report)}: tail vs baseline")
     ax.legend(loc="lower right")

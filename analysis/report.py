@@ -12,9 +12,28 @@ import json
 from typing import Any
 
 from stagescope.analysis import report_context as RC
-from stagescope.names import STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA
+from stagescope.names import (
+    KIND_UNKNOWN,
+    SOURCE_CLIENT_RESULTS,
+    SOURCE_METRICS,
+    SOURCE_TRACES,
+    STAGE_KINDS,
+    STATUS_BREACHED,
+    STATUS_MET,
+    STATUS_NO_DATA,
+)
 
-__all__ = ["headline", "render", "route_lines", "slo_words", "status", "to_html", "to_json", "to_text"]
+__all__ = [
+    "headline",
+    "render",
+    "route_lines",
+    "slo_words",
+    "sources_line",
+    "status",
+    "to_html",
+    "to_json",
+    "to_text",
+]
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -30,6 +49,11 @@ def _q_name(report: dict[str, Any]) -> str:
     slo = report["slo"]
     q = f"p{slo['objective'] * 100:g}"
     return q if slo["sli"] == "e2e" else f"{slo['sli']} {q}"
+
+
+def _stage_label(stage: str, kind: str | None) -> str:
+    """A stage as reports name it: a team's own stage with its kind (``rerank [compute]``)."""
+    return stage if kind is None or stage in STAGE_KINDS else f"{stage} [{kind}]"
 
 
 def status(report: dict[str, Any]) -> str:
@@ -63,15 +87,18 @@ def headline(report: dict[str, Any]) -> list[str]:
         lines.append(qline)
     v = report.get("verdict")
     if v:
-        share = next((r["share"] for r in report["attribution"] if r["stage"] == v["stage"]), None)
+        row: dict[str, Any] = next((r for r in report["attribution"] if r["stage"] == v["stage"]), {})
+        share, kind = row.get("share"), row.get("kind")
         lev = next((x for x in report["levers"] if x["lever"] == v["lever"]), None)
+        unnamed = kind == KIND_UNKNOWN
         lines.append(
-            f"Stage: {v['stage']} ({'n/a' if share is None else f'{share:.0%}'} of the excess latency); "
-            f"lever: {v['lever'] or 'measure first'}"
+            f"Stage: {_stage_label(v['stage'], kind)} ({'n/a' if share is None else f'{share:.0%}'} of "
+            f"the excess latency); lever: "
+            + (v["lever"] or ("none until its kind is named" if unnamed else "measure first"))
             + (
                 f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}"
                 + (f" {iv}" if (iv := RC.interval_text(lev.get("interval_ms"))) else "")
-                if lev
+                if lev and v["lever"]
                 else ""
             )
         )
@@ -114,21 +141,27 @@ def to_text(report: dict[str, Any]) -> str:
     out = headline(report)
     if status(report) != STATUS_NO_DATA:
         out.append(f"{RC.latency_words(report)}  requests {report['requests']}")
+        src = sources_line(report)
+        if src:
+            out.append(src)
     if report["attribution"]:
         out.append("")
+        width = max(16, *(len(r["stage"]) + 2 for r in report["attribution"]))
         out.append(
-            f"{'stage':<16}{'excess ms':>11}{'share':>8}{'tail ms':>10}{'base ms':>10}{'if baseline':>13}"
+            f"{'stage':<{width}}{'kind':<12}{'excess ms':>11}{'share':>8}{'tail ms':>10}{'base ms':>10}"
+            f"{'if baseline':>13}"
         )
         for r in report["attribution"]:
             out.append(
-                f"{r['stage']:<16}{r['excess_ms']:>11.1f}{r['share']:>8.0%}"
+                f"{r['stage']:<{width}}{r.get('kind') or '-':<12}{r['excess_ms']:>11.1f}{r['share']:>8.0%}"
                 f"{_num(r.get('tail_mean_ms')):>10}{_num(r.get('baseline_mean_ms')):>10}{_num(r.get('counterfactual_ms')):>13}"
             )
     if report["levers"]:
         out.append("")
         for lv in report["levers"]:
             out.append(
-                f"- {lv['lever'] or 'measure first'} ({lv['stage']}): predicted {_ms(lv['predicted_p99_ms'])}"
+                f"- {_lever_word(lv)} ({_stage_label(lv['stage'], lv.get('kind'))}): "
+                f"predicted {_ms(lv['predicted_p99_ms'])}"
                 + (f" {iv}" if (iv := RC.interval_text(lv.get("interval_ms"))) else "")
                 + (f"; {cd}" if (cd := RC.cost_delta_text(lv.get("cost_delta"))) else "")
                 + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
@@ -170,15 +203,48 @@ def route_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lever_word(lv: dict[str, Any]) -> str:
+    """A lever entry's lever, or what to do instead (a stage of unknown kind: name its kind)."""
+    return lv["lever"] or ("name its kind" if lv.get("kind") == KIND_UNKNOWN else "measure first")
+
+
+_SOURCE_WORDS = {
+    SOURCE_TRACES: "the traces",
+    SOURCE_CLIENT_RESULTS: "the load generator's results (server-side: network taken out)",
+    SOURCE_METRICS: "the scraped request-duration histograms",
+}
+
+
+def sources_line(report: dict[str, Any]) -> str:
+    """Where the figures came from, and how the kept traces were weighted (one line; empty for
+    complete, unweighted traces, which is what the report always was)."""
+    src = report.get("sources") or {}
+    smp = report.get("sampling") or {}
+    q = src.get("quantile_ms")
+    if q is None or (q == SOURCE_TRACES and not smp.get("weighted")):
+        return ""
+    kept = smp.get("traced_requests")
+    how = "each weighted by 1/sampling probability" if smp.get("weighted") or smp.get("sampled") else ""
+    return (
+        f"quantiles and share over the threshold from {_SOURCE_WORDS.get(q, q)}; stages from {kept} "
+        f"kept traces{', ' + how if how else ''}"
+    )
+
+
 def counter_lines(report: dict[str, Any]) -> list[str]:
     """Per-request means from the servers' own counters (Triton, vLLM), when they were scraped."""
     lines = []
     for r in report.get("server_counters", {}).get("triton", []):
         compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
-        lines.append(
+        line = (
             f"Triton {r['model']} (v{r['version']}): {r['requests']:.0f} requests, per request queue "
             f"{_ms(r.get('queue_ms'))}, compute {_ms(compute)}"
         )
+        if r.get("cache_hits") is not None:
+            line += f" per executed request ({r['cache_hits']:.0f} response-cache hits, {_ms(r.get('cache_hit_ms'))} each)"
+        if r.get("first_response_ms") is not None:
+            line += f", first response {_ms(r['first_response_ms'])}"
+        lines.append(line)
     for r in report.get("server_counters", {}).get("vllm", []):
         lines.append(
             f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "
@@ -239,12 +305,12 @@ def to_html(report: dict[str, Any]) -> str:
     cls = {STATUS_BREACHED: "breached", STATUS_NO_DATA: "nodata"}.get(status(report), "met")
     verdict = "<br>".join(e(x) for x in headline(report))
     attr_rows = [
-        [r["stage"], f"{r['excess_ms']:.1f}", f"{r['share']:.0%}", _num(r.get("tail_mean_ms")),
+        [r["stage"], r.get("kind") or "-", f"{r['excess_ms']:.1f}", f"{r['share']:.0%}", _num(r.get("tail_mean_ms")),
          _num(r.get("baseline_mean_ms")), _num(r.get("counterfactual_ms"))]
         for r in report["attribution"]
     ]  # fmt: skip
     lever_rows = [
-        [lv["lever"] or "measure first", lv["stage"], _ms(lv["predicted_p99_ms"]),
+        [_lever_word(lv), _stage_label(lv["stage"], lv.get("kind")), _ms(lv["predicted_p99_ms"]),
          RC.interval_text(lv.get("interval_ms")) or "-", RC.cost_delta_text(lv.get("cost_delta")) or "-",
          lv["rationale"]]
         for lv in report["levers"]
@@ -266,15 +332,18 @@ def to_html(report: dict[str, Any]) -> str:
         *head,
         f"<p class='small'>{e(RC.latency_words(report, ' · '))} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
+        f"<p class='small' id='sources'>{e(sources_line(report))}</p>" if sources_line(report) else "",
         *_routes_html(report),
         "<h2>Where the tail's time went</h2>",
         _img(plots.breakdown_png(report), "stage breakdown, tail vs baseline", "plot-breakdown"),
         _table(
-            ["stage", "excess ms", "share", "tail mean ms", "baseline mean ms", "p-quantile if baseline"],
+            ["stage", "kind", "excess ms", "share", "tail mean ms", "baseline mean ms", "p-quantile if baseline"],
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "95% interval", "cost change", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
+        _table(["lever", "stage", "predicted", "95% interval", "cost change", "rationale"], lever_rows)
+        if lever_rows
+        else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
@@ -324,7 +393,10 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
     if skipped:
         out += [
             "<h2>Routes not checked</h2>",
-            _table(["route", "requests", "why"], [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped]),
+            _table(
+                ["route", "requests", "why"],
+                [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped],
+            ),
         ]
     return out
 
@@ -332,7 +404,9 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
 def _warnings_html(report: dict[str, Any]) -> list[str]:
     if not report.get("warnings"):
         return []
-    return ["<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"]
+    return [
+        "<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"
+    ]
 
 
 def _no_lever(report: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from stagescope.names import ATTR_CLIENT, ATTR_STAGE
+from stagescope.names import ATTR_CLIENT, ATTR_STAGE, ATTR_STAGE_KIND, STAGE_KINDS
 
 __all__ = [
     "KIND_CLIENT",
@@ -53,6 +53,8 @@ class SynthSpan:
     attributes: Mapping[str, AttrValue] = field(default_factory=dict)
     status_code: int = 0  # OTLP status: 0 unset, 1 ok, 2 error
     service: str = "synthetic-service"  # resource service.name
+    events: Sequence[tuple[str, int]] = ()  # (name, Unix ns) span events
+    scope: str = "stagescope.synth"  # instrumentation scope name
 
 
 def _value(v: AttrValue) -> dict[str, Any]:
@@ -85,20 +87,22 @@ def _span_json(s: SynthSpan) -> dict[str, Any]:
     }
     if s.parent_span_id:
         d["parentSpanId"] = s.parent_span_id
+    if s.events:
+        d["events"] = [{"timeUnixNano": str(ns), "name": name} for name, ns in s.events]
     return d
 
 
 def _export_request(spans: Sequence[SynthSpan]) -> dict[str, Any]:
-    by_service: dict[str, list[dict[str, Any]]] = {}
+    by_service: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for s in spans:
-        by_service.setdefault(s.service, []).append(_span_json(s))
+        by_service.setdefault((s.service, s.scope), []).append(_span_json(s))
     return {
         "resourceSpans": [
             {
                 "resource": {"attributes": otlp_attributes({"service.name": svc})},
-                "scopeSpans": [{"scope": {"name": "stagescope.synth"}, "spans": js}],
+                "scopeSpans": [{"scope": {"name": scope}, "spans": js}],
             }
-            for svc, js in by_service.items()
+            for (svc, scope), js in by_service.items()
         ]
     }
 
@@ -150,7 +154,7 @@ def _write(f: IO[bytes] | gzip.GzipFile, spans: Iterable[SynthSpan], spans_per_l
 def request_spans(
     trace_id: str,
     start_ns: int,
-    stages: Sequence[tuple[str, float, float]],
+    stages: Sequence[tuple[str, float, float] | tuple[str, float, float, str | None]],
     *,
     duration_ms: float | None = None,
     name: str = "POST /v1/predict",
@@ -162,12 +166,14 @@ def request_spans(
 ) -> list[SynthSpan]:
     """One request as stagescope emits it: a SERVER span and one child span per stage.
 
-    ``stages`` holds ``(stage, offset_ms, duration_ms)`` relative to ``start_ns``. ``duration_ms``
+    ``stages`` holds ``(stage, offset_ms, duration_ms)`` relative to ``start_ns``, or ``(stage,
+    offset_ms, duration_ms, kind)``: the ``stagescope.stage.kind`` attribute (default: the built-in
+    stage's kind, none for other names; None: no kind attribute). ``duration_ms``
     defaults to the end of the last stage. With ``client_ms`` a load-generator CLIENT span
     (``stagescope.client=true``) becomes the root, starting half the network time earlier.
     """
     root_id = trace_id[:16]
-    end_ms = max((o + d for _, o, d in stages), default=0.0)
+    end_ms = max((st[1] + st[2] for st in stages), default=0.0)
     dur_ms = end_ms if duration_ms is None else duration_ms
     attrs: dict[str, AttrValue] = {"http.route": route, "http.response.status_code": status}
     attrs.update(attributes or {})
@@ -184,10 +190,15 @@ def request_spans(
         SynthSpan(trace_id, root_id, name, start_ns, start_ns + int(dur_ms * 1e6), parent, KIND_SERVER,
                   attrs, 2 if status >= 500 else 0, service)
     )  # fmt: skip
-    for i, (stage, off_ms, d_ms) in enumerate(stages):
+    for i, st in enumerate(stages):
+        stage, off_ms, d_ms = st[0], st[1], st[2]
+        kind = st[3] if len(st) > 3 else STAGE_KINDS.get(stage)
+        stage_attrs: dict[str, AttrValue] = {ATTR_STAGE: stage}
+        if kind is not None:
+            stage_attrs[ATTR_STAGE_KIND] = kind
         s0 = start_ns + int(off_ms * 1e6)
         out.append(
             SynthSpan(trace_id, f"{int(root_id, 16) ^ (i + 1):016x}", stage, s0, s0 + int(d_ms * 1e6),
-                      root_id, KIND_INTERNAL, {ATTR_STAGE: stage}, 0, service)
+                      root_id, KIND_INTERNAL, stage_attrs, 0, service)
         )  # fmt: skip
     return out

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from stagescope import names as N
 from stagescope.analysis.keys import key_sql, request_keys_sql
+from stagescope.analysis.kinds import kind_sql
 
 __all__ = [
     "LLM_HEALTHY",
@@ -327,7 +328,8 @@ def to_tables(
 ) -> None:
     """Create the pinned relations (``requests``, ``stages``, ``token_gaps``, ``metric_samples``,
     ``client_results``) from ``data``, replacing existing ones; with ``keys`` the integer keys the
-    ingest adds (analysis.keys), without them the pinned columns only."""
+    ingest adds (analysis.keys) and the stage rows' kinds, without them the pinned columns only (as
+    relations built by hand, or Parquet from before keys and kinds, hold them)."""
     r = dict(data.requests)
     n = len(r["trace_id"])
     r.setdefault("service", np.full(n, SERVICE))
@@ -345,7 +347,8 @@ def to_tables(
         "(end_unix_ns - start_unix_ns) / 1e6 AS duration_ms"
         # synthetic stage rows name their trace, not their request: matched to it by time
         + (
-            f", {key_sql('CAST(trace_id AS VARCHAR)')} AS trace_key, NULL::UBIGINT AS request_key"
+            f", {key_sql('CAST(trace_id AS VARCHAR)')} AS trace_key, NULL::UBIGINT AS request_key, "
+            f"{kind_sql('CAST(stage AS VARCHAR)')} AS kind"
             if keys
             else ""
         )

@@ -5,8 +5,9 @@ Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 
 per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
 relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``request_key``,
 ``input_key``: see analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand;
-``--routes N`` spreads the requests over N routes, each checked on its own). Then, each in a fresh
-subprocess so peak memory is the analysis's own:
+``--routes N`` spreads the requests over N routes, each checked on its own) and the sampling
+probability the ingest reads from each span's ``th`` (every trace kept: ``sampling_p`` 1). Then,
+each in a fresh subprocess so peak memory is the analysis's own:
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
@@ -63,7 +64,7 @@ COPY (
            NULL::DOUBLE AS itl_mean_ms, NULL::DOUBLE AS itl_p99_ms, NULL::DOUBLE AS itl_max_ms,
            NULL::BIGINT AS input_tokens, NULL::BIGINT AS output_tokens, batch AS batch_size, qd AS queue_depth,
            h AS input_hash, false AS cold_start, ff + pre + bw + q + comp + post + eg + 1.8 AS client_duration_ms,
-           'stagescope' AS source{req_keys}
+           'stagescope' AS source, 'baseline' AS sampled_reason, 1.0::DOUBLE AS sampling_p{req_keys}
     FROM r
 ) TO '{out}/requests.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
 COPY (
@@ -76,6 +77,7 @@ COPY (
         SELECT trace_id, trace_key, request_key, s0,
                unnest(['feature_fetch', 'feature_fetch', 'preprocess', 'batch_wait', 'queue', 'compute',
                        'postprocess', 'egress']) AS stage,
+               unnest(['fetch', 'fetch', 'cpu', 'batch_wait', 'queue', 'compute', 'cpu', 'egress']) AS kind,
                unnest([0, 0, c1, c2, c3, c4, c5, c6]) AS a_ms,
                unnest([ff, ff * ff2_share, c2, c3, c4, c5, c6, c6 + eg]) AS b_ms
         FROM b
@@ -167,7 +169,8 @@ def build(out: Path, n: int, keys: bool = True, routes: int = 1) -> dict[str, An
     con = duckdb.connect()
     con.execute("SELECT setseed(0.42)")
     step_ns = max(1, int(3600e9 / n))  # the incident spans one hour
-    req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key") if keys else ("", "")
+    # with keys: the relations as the ingest writes them now (stage rows also carry their kind)
+    req_keys, st_keys = (", trace_key, input_key, request_key", ", trace_key, request_key, kind") if keys else ("", "")
     # one route, or ``routes`` of them taking requests in turn (each with the same slow feature store)
     route_sql = "'/v1/predict'" if routes <= 1 else f"'/v1/r' || (i % {int(routes)})"
     con.execute(

@@ -47,8 +47,30 @@ def _dcgm() -> list[list[Any]]:
             p.timeseries("XID errors (last XID code)", f"{names.DCGM_XID_ERRORS}: the code of the last XID error "
                          "(0 = none). Any non-zero value is worth a look (NVIDIA's XID catalogue).",
                          [_gauge(names.DCGM_XID_ERRORS)], "none"),
+            _clock_events(),
         ],
     ]  # fmt: skip
+
+
+#: Bits of the clock-event reasons bitmask worth a panel (dcgm-exporter internal/pkg/collector/
+#: clock_events_collector.go, DCGM_CLOCKS_THROTTLE_REASON_*): the ones that slow a loaded GPU down.
+CLOCK_EVENT_BITS: tuple[tuple[int, str], ...] = (
+    (0x4, "power cap"), (0x8, "hw slowdown"), (0x20, "sw thermal"), (0x40, "hw thermal"), (0x80, "power brake"),
+)  # fmt: skip
+
+
+def _clock_events() -> Any:
+    """Which reasons hold the clocks down, one 0/1 series per bit (PromQL has no bitwise operators:
+    bit k of x is floor(x / k) % 2). dcgm-exporter HEAD's field name, else the one before DCGM 3.3."""
+    mask = f"({sel(names.DCGM_CLOCKS_EVENT_REASONS, GPU_SCOPE)} or {sel(names.DCGM_CLOCK_THROTTLE_REASONS, GPU_SCOPE)})"
+    return p.timeseries(
+        "Clock event reasons (throttling)",
+        f"{names.DCGM_CLOCKS_EVENT_REASONS} (before DCGM 3.3 {names.DCGM_CLOCK_THROTTLE_REASONS}), one series per "
+        "reason: 1 while it holds the SM clock down. Thermal or power reasons during a latency spike mean the "
+        "GPU, not the load, got slower.",
+        [p.target(f"floor({mask} / {bit}) % 2", f"{label} {GPU_LEGEND}") for bit, label in CLOCK_EVENT_BITS],
+        "short",
+    )
 
 
 def _beside_queue() -> list[Any]:
@@ -88,16 +110,22 @@ TRITON_COMPUTE = (
 
 
 def _per_request(counters: tuple[str, ...], window: str | None) -> str:
-    """Triton: seconds of ``counters`` (cumulative microseconds, summed) per successful request, per model;
-    over ``window``, or over the server's lifetime when ``window`` is None."""
-    by = ("model",)
+    """Triton: seconds of ``counters`` (cumulative microseconds, summed) per request, per model; over
+    ``window``, or over the server's lifetime when ``window`` is None. Queue time is per successful
+    request; compute per *executed* one: response-cache hits count in the successes but never reach
+    the backend (core src/infer_stats.cc, ``UpdateSuccessCacheHit``), so they are taken out of the
+    count (where the model has no cache, ``nv_cache_num_hits_per_model`` is absent: 0)."""
+    by = (names.TRITON_LABEL_MODEL,)
 
     def total(metric: str) -> str:
         series = sel(metric, TRITON_SCOPE)
         return sum_by(series if window is None else rate(series, window), by)
 
     num = "\n+\n".join(total(c) for c in counters)
-    return f"(\n{num}\n)\n/\n{total(names.TRITON_REQUEST_SUCCESS)}\n/ 1e6"
+    success = total(names.TRITON_REQUEST_SUCCESS)
+    if all(c in TRITON_COMPUTE for c in counters):
+        success = f"({success}\n- ({total(names.TRITON_CACHE_HITS)} or {success} * 0))"
+    return f"(\n{num}\n)\n/\n{success}\n/ 1e6"
 
 
 def _triton() -> list[Any]:
@@ -115,16 +143,18 @@ def _triton() -> list[Any]:
         p.timeseries(
             "Triton: queue vs compute per request",
             f"Mean seconds per successful request over the window: rate({names.TRITON_QUEUE_DURATION_US}) / "
-            f"rate({names.TRITON_REQUEST_SUCCESS}), and the same for compute (compute_input + compute_infer + "
-            "compute_output). Queue growing while compute stays flat = the model instance is saturated.",
+            f"rate({names.TRITON_REQUEST_SUCCESS}), and compute (compute_input + compute_infer + compute_output) "
+            f"per executed request (successes minus {names.TRITON_CACHE_HITS}: response-cache hits skip the "
+            "model). Queue growing while compute stays flat = the model instance is saturated.",
             [p.target(_per_request(c, d.RATE), f"{label} {{{{model}}}}") for c, label in queue_vs_compute],
             "s",
             stack=True,
         ),
         p.timeseries(
             "Triton: queue vs compute per request since server start",
-            "Queue and the three compute phases (input, infer, output) per successful request over Triton's "
-            "cumulative counters: the whole server lifetime, also readable for a server with no recent traffic.",
+            "Queue per successful request and the three compute phases (input, infer, output) per executed "
+            "request (response-cache hits left out) over Triton's cumulative counters: the whole server "
+            "lifetime, also readable for a server with no recent traffic.",
             [p.target(_per_request(c, None), f"{label} {{{{model}}}}") for c, label in phases],
             "s",
             stack=True,

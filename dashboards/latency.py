@@ -4,6 +4,11 @@ Request rate and errors; p50/p95/p99 against the SLO threshold, with exemplars l
 to traces; per-stage p99 and per-stage time per request stacked, so queue, batch wait and GPU
 compute sit side by side; a heatmap of queue wait; queue depth and requests in flight; batch size;
 shed (429) rate.
+
+Stage panels list no stage names: they read every stage the ``$stage`` variable selects (label
+values of the stage histogram, so a team's own ``rerank`` or ``retrieve`` appears by itself), and
+the waiting-vs-working panels select stages by their ``kind`` label (queue, batch_wait, compute),
+so a team's own stage of one of those kinds lands beside the batcher's.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from typing import Any
 from stagescope import names
 from stagescope.dashboards import defaults as d
 from stagescope.dashboards import panels as p
-from stagescope.dashboards.common import job_model_variables, slo_threshold
+from stagescope.dashboards.common import job_model_variables, slo_threshold, stage_scope, stage_variable
 from stagescope.promql import eq, histogram_quantile, rate, rx, sel, sum_by
 
 __all__ = ["dashboard"]
 
 REQ = names.METRIC_REQUEST_DURATION
 STAGE = names.METRIC_STAGE_DURATION
-WAIT_VS_WORK = (names.STAGE_QUEUE, names.STAGE_BATCH_WAIT, names.STAGE_COMPUTE)
+#: The kinds of stage the waiting-vs-working panel sets side by side.
+WAIT_VS_WORK = (names.KIND_QUEUE, names.KIND_BATCH_WAIT, names.KIND_COMPUTE)
+BY_STAGE = (names.LABEL_STAGE, names.LABEL_KIND)
 
 
 def _traffic() -> list[Any]:
@@ -80,26 +87,28 @@ def _latency() -> list[Any]:
 
 
 def _stages() -> list[Any]:
-    stage_sum = sel(STAGE, d.scope(), "_sum")
+    stage_sum = sel(STAGE, stage_scope(), "_sum")
     requests = sum_by(rate(sel(REQ, d.scope(), "_count"), d.RATE))
     mean_req = f"{sum_by(rate(sel(REQ, d.scope(), '_sum'), d.RATE))}\n/\n{requests}"
     return [
         p.timeseries(
             "Per-stage p99",
-            f"99th percentile of each stage interval, seconds ({names.METRIC_STAGE_DURATION}). "
-            "Waiting stages: batch_wait (enqueue -> batch closed), queue (batch closed -> executor start), "
-            "cold_start; working stages: compute (GPU execution), preprocess, ... p99s do not add up.",
-            [p.target(histogram_quantile(0.99, STAGE, d.scope(), d.RATE, (names.LABEL_STAGE,)), "{{stage}}",
+            f"99th percentile of each stage interval, seconds ({names.METRIC_STAGE_DURATION}), for the "
+            "stages $stage selects, each with its kind. Waiting stages: batch_wait (enqueue -> batch closed), "
+            "queue (batch closed -> executor start), cold_start; working stages: compute (GPU execution), "
+            "preprocess, a team's own stages (kind in brackets) ... p99s do not add up.",
+            [p.target(histogram_quantile(0.99, STAGE, stage_scope(), d.RATE, BY_STAGE), "{{stage}} [{{kind}}]",
                       exemplar=True)],
             "s",
         ),
         p.timeseries(
             "Time per request by stage (stacked = mean request time)",
             "Seconds each stage adds to the average request: sum of stage time / number of requests. "
-            "The stack adds up to the mean server latency (dashed) minus time in no stage.",
+            "With every stage selected ($stage = All) the stack adds up to the mean server latency (dashed) "
+            "minus time in no stage.",
             [
-                p.target(f"{sum_by(rate(stage_sum, d.RATE), (names.LABEL_STAGE,))}\n/ ignoring (stage) group_left ()\n"
-                         f"{requests}", "{{stage}}"),
+                p.target(f"{sum_by(rate(stage_sum, d.RATE), BY_STAGE)}\n/ ignoring ({', '.join(BY_STAGE)}) "
+                         f"group_left ()\n{requests}", "{{stage}} [{{kind}}]"),
                 p.target(mean_req, "mean request latency"),
             ],
             "s",
@@ -110,21 +119,23 @@ def _stages() -> list[Any]:
 
 
 def _waiting_vs_working() -> list[Any]:
-    side = d.scope(rx(names.LABEL_STAGE, "|".join(WAIT_VS_WORK)))
-    queue_buckets = sel(STAGE, d.scope(eq(names.LABEL_STAGE, names.STAGE_QUEUE)), "_bucket")
+    side = stage_scope(rx(names.LABEL_KIND, "|".join(WAIT_VS_WORK)))
+    queue_buckets = sel(STAGE, stage_scope(eq(names.LABEL_KIND, names.KIND_QUEUE)), "_bucket")
     return [
         p.timeseries(
             "Queue vs batch wait vs GPU compute (p50 and p99)",
-            "The three batcher stages side by side, seconds. Queue long while compute is flat: not enough "
-            "executors (scale out). Batch wait long: the batcher holds requests for a fuller batch (cap the "
-            "wait). Compute long: the model or the accelerator got slower.",
-            [p.target(histogram_quantile(q, STAGE, side, d.RATE, (names.LABEL_STAGE,)), f"{{{{stage}}}} p{q * 100:g}")
+            "Every stage of kind queue, batch_wait or compute side by side (the batcher's three, and a "
+            "team's own of those kinds), seconds. Queue long while compute is flat: not enough executors "
+            "(scale out). Batch wait long: the batcher holds requests for a fuller batch (cap the wait). "
+            "Compute long: the model or the accelerator got slower.",
+            [p.target(histogram_quantile(q, STAGE, side, d.RATE, BY_STAGE), f"{{{{stage}}}} [{{{{kind}}}}] p{q * 100:g}")
              for q in (0.5, 0.99)],
             "s",
         ),
         p.heatmap(
             "Queue wait heatmap",
-            "Distribution of the queue stage (batch closed -> executor starts), requests/s per bucket.",
+            "Distribution of the queue-kind stages (for the batcher: batch closed -> executor starts), "
+            "requests/s per bucket.",
             p.target(sum_by(rate(queue_buckets, d.RATE), ("le",)), exemplar=True),
             "s",
         ),
@@ -208,5 +219,5 @@ def dashboard() -> Any:
         "stagescope / Inference latency: where the time goes",
         "Request latency against the SLO, and which stage (queue, batch wait, GPU compute, ...) holds it.",
         panels,
-        job_model_variables(),
+        [*job_model_variables(), stage_variable()],
     )

@@ -14,7 +14,7 @@ from typing import Any
 from stagescope import names
 from stagescope.dashboards import defaults as d
 from stagescope.dashboards import panels as p
-from stagescope.dashboards.common import job_model_variables, slo_threshold
+from stagescope.dashboards.common import job_model_variables, slo_threshold, stage_scope, stage_variable
 from stagescope.promql import Matcher, histogram_quantile, rate, rx, sel, sum_by
 
 __all__ = ["dashboard"]
@@ -62,7 +62,7 @@ def _stagescope_latency() -> list[Any]:
 def _stagescope_work() -> list[Any]:
     gaps = sum_by(rate(sel(names.METRIC_INTER_TOKEN, d.scope(), "_count"), d.RATE))
     firsts = sum_by(rate(sel(names.METRIC_GENAI_TTFT, d.scope(), "_count"), d.RATE))
-    phases = d.scope(rx(names.LABEL_STAGE, f"{names.STAGE_PREFILL}|{names.STAGE_DECODE}"))
+    phases = stage_scope(rx(names.LABEL_KIND, f"{names.KIND_PREFILL}|{names.KIND_DECODE}"))
     return [
         p.timeseries(
             "Output tokens per second",
@@ -74,7 +74,8 @@ def _stagescope_work() -> list[Any]:
         ),
         p.timeseries(
             "Prefill vs decode (p99 and mean)",
-            "Prefill: admitted to the engine -> first token; decode: first token -> last token. Seconds.",
+            "Stages of kind prefill (admitted to the engine -> first token) and decode (first token -> "
+            "last token) that $stage selects. Seconds.",
             [
                 p.target(histogram_quantile(0.99, names.METRIC_STAGE_DURATION, phases, d.RATE, (names.LABEL_STAGE,)),
                          "{{stage}} p99"),
@@ -159,5 +160,5 @@ def dashboard() -> Any:
         "TTFT, inter-token latency and time per output token with exact definitions; prefill vs decode; "
         "the same views for vLLM.",
         panels,
-        [*job_model_variables(), vllm_model],
+        [*job_model_variables(), stage_variable(), vllm_model],
     )

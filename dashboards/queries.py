@@ -20,6 +20,7 @@ _NOT_METRICS = frozenset(
         "scalar", "by", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
         "avg_over_time", "sum_over_time", "count_over_time", "max_over_time", "min_over_time", "round",
         "abs", "clamp_min", "clamp_max", "absent", "label_replace", "topk", "bottomk", "e6", "inf", "nan",
+        "floor", "ceil",
     }
 )  # fmt: skip
 

@@ -52,7 +52,14 @@ from typing import Any, Generic, TypeVar
 
 from stagescope.instrumentation.metrics import StageMetrics, default_metrics
 from stagescope.instrumentation.record import RequestRecord, StageInterval, current_request, now_ns
-from stagescope.names import STAGE_BATCH_WAIT, STAGE_COMPUTE, STAGE_QUEUE
+from stagescope.names import (
+    KIND_BATCH_WAIT,
+    KIND_COMPUTE,
+    KIND_QUEUE,
+    STAGE_BATCH_WAIT,
+    STAGE_COMPUTE,
+    STAGE_QUEUE,
+)
 
 __all__ = [
     "BatchTicket",
@@ -152,9 +159,11 @@ def record_batch_end(
         rec = tk.record
         if rec is None:
             continue
-        rec.stages.append(StageInterval(STAGE_BATCH_WAIT, tk.enqueue_ns, max(tk.enqueue_ns, tk.closed_ns)))
-        rec.stages.append(StageInterval(STAGE_QUEUE, tk.closed_ns, max(tk.closed_ns, tk.start_ns)))
-        rec.stages.append(StageInterval(STAGE_COMPUTE, tk.start_ns, max(tk.start_ns, t)))
+        rec.stages.append(
+            StageInterval(STAGE_BATCH_WAIT, tk.enqueue_ns, max(tk.enqueue_ns, tk.closed_ns), KIND_BATCH_WAIT)
+        )
+        rec.stages.append(StageInterval(STAGE_QUEUE, tk.closed_ns, max(tk.closed_ns, tk.start_ns), KIND_QUEUE))
+        rec.stages.append(StageInterval(STAGE_COMPUTE, tk.start_ns, max(tk.start_ns, t), KIND_COMPUTE))
         rec.batch_size = size
         if rec.model is None:  # the batch's model labels the request's metrics, unless it named its own
             rec.model = model

@@ -10,7 +10,11 @@ Families (labels in brackets):
 
 * ``stagescope_request_duration_seconds`` [route, model, status_class]: server e2e (arrival to last
   byte handed to the server);
-* ``stagescope_stage_duration_seconds`` [stage, model]: one observation per stage interval;
+* ``stagescope_stage_duration_seconds`` [stage, kind, model]: one observation per stage interval (``kind``
+  is the stage's kind, one per stage name in a process, so it adds no series; it lets queries and
+  dashboards select a team's own stages by what they are);
+* ``stagescope_stages_folded_total``: stage intervals recorded under the overflow stage name because
+  the process had reached its cap of custom stage names (see :mod:`~stagescope.instrumentation.stagenames`);
 * ``stagescope_queue_depth`` [model] and ``stagescope_inflight_requests`` gauges;
 * ``stagescope_batch_size`` [model]: one observation per executed batch;
 * ``stagescope_requests_shed_total`` [route, model]: 429 answers;
@@ -132,8 +136,15 @@ class _Instruments:
         )
         self.stage = hist(
             names.METRIC_STAGE_DURATION,
-            "Seconds per stage interval of a request (batch_wait, queue, compute, ...).",
-            (stage_, m),
+            "Seconds per stage interval of a request (batch_wait, queue, compute, a team's own ...), "
+            "with the stage's kind.",
+            (stage_, names.LABEL_KIND, m),
+        )
+        self.folded = Counter(
+            names.METRIC_STAGES_FOLDED,
+            f"Stage intervals recorded as stage {names.STAGE_OVERFLOW!r}: the process had reached its cap "
+            "of custom stage names.",
+            registry=r,
         )
         self.batch = hist(names.METRIC_BATCH_SIZE, "Items per executed batch.", (m,))
         self.genai_request = hist(
@@ -193,7 +204,7 @@ class _Instruments:
         self.collectors: tuple[Any, ...] = (
             self.request, self.stage, self.batch, self.genai_request, self.ttft, self.tpot, self.itl,
             self.queue_depth, self.inflight, self.shed, self.exported, self.dropped, self.loads,
-            self.ready, self.busy,
+            self.ready, self.busy, self.folded,
         )  # fmt: skip
 
     def unregister(self, registry: CollectorRegistry) -> None:
@@ -255,7 +266,7 @@ class StageMetrics:
         self._routes: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
         self._req_children: dict[tuple[str, str, int | None], Any] = {}  # (route, model, status code)
-        self._stage_children: dict[tuple[str, str], Any] = {}
+        self._stage_children: dict[tuple[str, str, str], Any] = {}
         self._released = False
 
     # -- label folding --------------------------------------------------------------------------
@@ -321,10 +332,10 @@ class StageMetrics:
             self._child(i.shed, route, model).inc()
         stage_children = self._stage_children
         for iv in record.stages:
-            skey = (iv.stage, model)
+            skey = (iv.stage, iv.kind, model)
             child = stage_children.get(skey)
             if child is None:
-                child = stage_children[skey] = i.stage.labels(iv.stage, model)
+                child = stage_children[skey] = self._stage_child(iv.stage, iv.stage_kind, model)
             child.observe((iv.end_ns - iv.start_ns) / 1e9, ex)
         tokens = record.token_ns
         if not tokens and record.output_tokens is None and record.input_tokens is None:
@@ -343,6 +354,12 @@ class StageMetrics:
                 itl.observe(gap, ex if k == worst else None)
             n = record.output_tokens if record.output_tokens and record.output_tokens >= 2 else len(tokens)
             self._child(i.tpot, model).observe((tokens[-1] - tokens[0]) / 1e9 / (n - 1), ex)
+
+    def _stage_child(self, stage: str, kind: str, model: str) -> Any:
+        child = self._i.stage.labels(stage, kind, model)
+        if stage == names.STAGE_OVERFLOW:  # folded intervals are also counted (no cost for the others)
+            return _CountingChild(child, self._i.folded)
+        return child
 
     def request_shed(self, route: str, model: str | None = None) -> None:
         """Count a request shed outside the middleware's view (429s that pass through
@@ -398,6 +415,19 @@ class StageMetrics:
         self._children.clear()
         self._req_children.clear()
         self._stage_children.clear()
+
+
+class _CountingChild:
+    """A histogram child that also counts each observation in a counter."""
+
+    __slots__ = ("_child", "_counter")
+
+    def __init__(self, child: Any, counter: Any) -> None:
+        self._child, self._counter = child, counter
+
+    def observe(self, value: float, exemplar: Any = None) -> None:
+        self._child.observe(value, exemplar)
+        self._counter.inc()
 
 
 _default: StageMetrics | None = None

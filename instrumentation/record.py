@@ -11,7 +11,9 @@ converts one to Unix-epoch nanoseconds through an anchor taken once per process.
 
 Each stage interval is bounded by two timestamps, stated where the interval is recorded:
 
-* ``stage(name)`` blocks: entry to exit of the ``with`` block;
+* ``stage(name, kind=...)`` blocks: entry to exit of the ``with`` block (any name a team picks, with
+  the kind of work it is; names and kinds are checked and bounded by
+  :mod:`~stagescope.instrumentation.stagenames`);
 * ``batch_wait``: enqueued in the batcher -> the batch it joined was closed;
 * ``queue``: batch closed -> an executor started running it;
 * ``compute``: executor started -> executor returned (model forward on the accelerator);
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from stagescope.names import STAGES
+from stagescope.instrumentation.stagenames import resolve_stage
+from stagescope.names import KIND_UNKNOWN, STAGE_KINDS
 
 __all__ = [
     "RequestRecord",
@@ -44,8 +47,6 @@ __all__ = [
 
 _ANCHOR_WALL_NS = time.time_ns()
 _ANCHOR_MONO_NS = time.perf_counter_ns()
-_STAGE_SET = frozenset(STAGES)
-
 now_ns = time.perf_counter_ns
 
 
@@ -54,24 +55,30 @@ def to_wall_ns(mono_ns: int) -> int:
     return _ANCHOR_WALL_NS + (mono_ns - _ANCHOR_MONO_NS)
 
 
-def validate_stage(name: str) -> str:
-    """Return ``name`` if it is a known stage, else raise ``ValueError`` naming the known ones."""
-    if name not in _STAGE_SET:
-        raise ValueError(f"unknown stage {name!r}; stages are: {', '.join(STAGES)}")
-    return name
+def validate_stage(name: str, kind: str | None = None) -> str:
+    """The name a stage called ``name`` (of ``kind``) is recorded under: ``name`` itself, or the
+    overflow name past the process's cap of custom names; ``ValueError`` for a bad name or kind."""
+    return resolve_stage(name, kind)[0]
 
 
 @dataclass(slots=True)
 class StageInterval:
-    """One stage of one request: ``start_ns`` and ``end_ns`` on the monotonic clock."""
+    """One stage of one request: ``start_ns`` and ``end_ns`` on the monotonic clock; ``kind`` one of
+    ``names.KINDS`` or ``"unknown"`` (empty: the built-in stage's own kind, see :attr:`stage_kind`)."""
 
     stage: str
     start_ns: int
     end_ns: int
+    kind: str = ""
 
     @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def stage_kind(self) -> str:
+        """The interval's kind: ``kind``, else the built-in stage's, else ``"unknown"``."""
+        return self.kind or STAGE_KINDS.get(self.stage, KIND_UNKNOWN)
 
 
 @dataclass(slots=True)
@@ -100,10 +107,11 @@ class RequestRecord:
     error_type: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)  # extra server-span attributes
 
-    def add_stage(self, name: str, start_ns: int, end_ns: int) -> None:
-        """Record a stage measured elsewhere (a batcher worker, an engine loop)."""
-        validate_stage(name)
-        self.stages.append(StageInterval(name, start_ns, max(start_ns, end_ns)))
+    def add_stage(self, name: str, start_ns: int, end_ns: int, kind: str | None = None) -> None:
+        """Record a stage measured elsewhere (a batcher worker, an engine loop); ``name`` and ``kind``
+        as for :class:`stage`."""
+        recorded, k = resolve_stage(name, kind)
+        self.stages.append(StageInterval(recorded, start_ns, max(start_ns, end_ns), k))
 
     def set_input(self, data: bytes | str) -> str:
         """Hash the model input (never store it) so repeated inputs can be spotted; returns the hash."""
@@ -159,16 +167,23 @@ def reset_current_request(token: contextvars.Token[RequestRecord | None]) -> Non
 
 
 class stage:  # lower-case: used like a function: ``with stagescope.stage("preprocess"):``
-    """Record a stage of the current request: ``with stage("preprocess"): ...`` or ``async with``.
+    """Record a stage of the current request: ``with stage("rerank", kind="compute"): ...`` or
+    ``async with``.
 
-    Unknown stage names raise ``ValueError`` at the call. Outside a request nothing is recorded.
-    The interval is recorded even when the block raises.
+    ``name``: a built-in stage (``names.STAGES``, which implies its kind) or any name a team picks
+    (a label value: letters, digits, ``_ . : -``); ``kind``: what the time is, one of ``names.KINDS``
+    (fetch, cpu, batch_wait, queue, compute, prefill, decode, network, egress, cold_start); it
+    decides which levers the analysis considers. A custom name without a kind is recorded with kind
+    ``unknown``. A bad name or kind raises ``ValueError`` at the call; past the process's cap of
+    custom names (``STAGESCOPE_MAX_CUSTOM_STAGES``, default 32) new names are recorded as
+    ``names.STAGE_OVERFLOW``. Outside a request nothing is recorded. The interval is recorded even
+    when the block raises.
     """
 
-    __slots__ = ("_record", "_start", "name")
+    __slots__ = ("_record", "_start", "kind", "name")
 
-    def __init__(self, name: str) -> None:
-        self.name = validate_stage(name)
+    def __init__(self, name: str, kind: str | None = None) -> None:
+        self.name, self.kind = resolve_stage(name, kind)
         self._record: RequestRecord | None = None
         self._start = 0
 
@@ -181,7 +196,7 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._record is not None:
-            self._record.stages.append(StageInterval(self.name, self._start, now_ns()))
+            self._record.stages.append(StageInterval(self.name, self._start, now_ns(), self.kind))
 
     async def __aenter__(self) -> stage:
         return self.__enter__()

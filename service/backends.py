@@ -210,7 +210,7 @@ class SimulatedGpuCollector(Collector):
                 "pci_bus_id": "simulated",
                 "device": f"sim{i}",
                 "modelName": N.SIMULATED_ACCELERATOR_MODEL_NAME,
-                "Hostname": self.hostname,
+                N.DCGM_LABEL_HOSTNAME: self.hostname,
             }
             fam.add_metric([labels[k] for k in N.DCGM_LABELS], pct)
         yield fam

@@ -11,7 +11,9 @@ Add it to a FastAPI inference service::
     async def predict(req: Request):
         with stagescope.stage("feature_fetch"):
             features = await store.get(...)
-        return await batcher.submit(features)   # a stagescope.DynamicBatcher: batch_wait, queue, compute
+        scores = await batcher.submit(features)  # a stagescope.DynamicBatcher: batch_wait, queue, compute
+        with stagescope.stage("rerank", kind="compute"):   # a stage of the team's own, with its kind
+            return rerank(scores)
 
 Every request then reports where its time went (queue apart from GPU execution) as OpenTelemetry
 spans and Prometheus metrics. The names it emits live in :mod:`stagescope.names`.

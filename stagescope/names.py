@@ -28,6 +28,14 @@ STAGE_DECODE: Final = "decode"  # LLM: first token -> last token
 STAGE_POSTPROCESS: Final = "postprocess"  # CPU work turning model output into the answer
 STAGE_EGRESS: Final = "egress"  # serialization and response write
 STAGE_COLD_START: Final = "cold_start"  # time a request waited for a model load
+# Stages other servers measure that stagescope's own instrumentation has no exact match for (Triton's
+# trace timestamps, see analysis/ingest/triton.py); a team may record them too.
+STAGE_RECEIVE: Final = "receive"  # the server reading the request off the network (Triton HTTP_RECV_*)
+STAGE_DESERIALIZE: Final = "deserialize"  # the server's frontend parsing the request into tensors
+STAGE_COMPUTE_INPUT: Final = "compute_input"  # input tensors copied / prepared for the model (to the GPU)
+STAGE_COMPUTE_OUTPUT: Final = (
+    "compute_output"  # output tensors copied / prepared after the model (from the GPU)
+)
 
 STAGES: Final[tuple[str, ...]] = (
     STAGE_NETWORK,
@@ -41,6 +49,10 @@ STAGES: Final[tuple[str, ...]] = (
     STAGE_POSTPROCESS,
     STAGE_EGRESS,
     STAGE_COLD_START,
+    STAGE_RECEIVE,
+    STAGE_DESERIALIZE,
+    STAGE_COMPUTE_INPUT,
+    STAGE_COMPUTE_OUTPUT,
 )
 #: Stages that are waiting rather than working: tail latency mostly lives here.
 WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
@@ -59,7 +71,92 @@ STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
     STAGE_POSTPROCESS: "CPU postprocessing of model output",
     STAGE_EGRESS: "response serialization and write",
     STAGE_COLD_START: "waiting for a model load (cold start)",
+    STAGE_RECEIVE: "the server reading the request body off the network",
+    STAGE_DESERIALIZE: "the server's frontend parsing the request into input tensors",
+    STAGE_COMPUTE_INPUT: "copying / preparing input tensors for the model (host to GPU)",
+    STAGE_COMPUTE_OUTPUT: "copying / preparing output tensors after the model (GPU to host)",
 }
+
+# --------------------------------------------------------------------------------------------------
+# Stage kinds: what a stage's time *is*. A team's own stage ("rerank", "tokenize", "retrieve") names
+# one of these, and the analysis chooses its lever rules by kind, not by name. Built-in stages imply
+# theirs (STAGE_KINDS); a custom stage without a kind is KIND_UNKNOWN (no lever is guessed for it).
+# --------------------------------------------------------------------------------------------------
+KIND_FETCH: Final = "fetch"
+KIND_CPU: Final = "cpu"
+KIND_BATCH_WAIT: Final = "batch_wait"
+KIND_QUEUE: Final = "queue"
+KIND_COMPUTE: Final = "compute"
+KIND_PREFILL: Final = "prefill"
+KIND_DECODE: Final = "decode"
+KIND_NETWORK: Final = "network"
+KIND_INGRESS: Final = "ingress"
+KIND_EGRESS: Final = "egress"
+KIND_COLD_START: Final = "cold_start"
+KIND_UNKNOWN: Final = "unknown"  # named by no one: never passed as kind=, only reported
+
+#: The kinds a stage may be given (``stagescope.stage(name, kind=...)``), in vocabulary order.
+KINDS: Final[tuple[str, ...]] = (
+    KIND_FETCH,
+    KIND_CPU,
+    KIND_BATCH_WAIT,
+    KIND_QUEUE,
+    KIND_COMPUTE,
+    KIND_PREFILL,
+    KIND_DECODE,
+    KIND_NETWORK,
+    KIND_INGRESS,
+    KIND_EGRESS,
+    KIND_COLD_START,
+)
+KIND_DESCRIPTIONS: Final[dict[str, str]] = {
+    KIND_FETCH: "reading data the request needs from another store or service (feature store, cache, "
+    "vector index, retrieval): cut by caching",
+    KIND_CPU: "CPU work on the request path (tokenize, decode, resize, validate, format the answer): "
+    "cut by moving it to a worker pool",
+    KIND_BATCH_WAIT: "waiting for a dynamic batch to fill: cut by capping the batch wait",
+    KIND_QUEUE: "waiting for a free executor or accelerator: cut by scaling out (or cheaper requests)",
+    KIND_COMPUTE: "model execution on the accelerator (a forward pass, a reranker, an embedding): cut by "
+    "quantizing, compiling or caching results",
+    KIND_PREFILL: "LLM prompt processing up to the first token: cut by chunked prefill",
+    KIND_DECODE: "LLM token generation after the first token: cut by a smaller running batch or "
+    "speculative decoding",
+    KIND_NETWORK: "time between client and server (network, proxies): cut by smaller responses",
+    KIND_INGRESS: "the server receiving and decoding the request (reading the body, parsing it into "
+    "tensors, copying inputs to the device): cut by smaller requests",
+    KIND_EGRESS: "serializing, copying out and writing the response: cut by smaller responses",
+    KIND_COLD_START: "waiting for a model load: cut by prewarming",
+    KIND_UNKNOWN: "a stage whose kind nobody named: the analysis reports it and chooses no lever",
+}
+#: The kind each built-in stage implies.
+STAGE_KINDS: Final[dict[str, str]] = {
+    STAGE_NETWORK: KIND_NETWORK,
+    STAGE_FEATURE_FETCH: KIND_FETCH,
+    STAGE_PREPROCESS: KIND_CPU,
+    STAGE_BATCH_WAIT: KIND_BATCH_WAIT,
+    STAGE_QUEUE: KIND_QUEUE,
+    STAGE_COMPUTE: KIND_COMPUTE,
+    STAGE_PREFILL: KIND_PREFILL,
+    STAGE_DECODE: KIND_DECODE,
+    STAGE_POSTPROCESS: KIND_CPU,
+    STAGE_EGRESS: KIND_EGRESS,
+    STAGE_COLD_START: KIND_COLD_START,
+    STAGE_RECEIVE: KIND_INGRESS,
+    STAGE_DESERIALIZE: KIND_INGRESS,
+    STAGE_COMPUTE_INPUT: KIND_INGRESS,
+    STAGE_COMPUTE_OUTPUT: KIND_EGRESS,
+}
+#: Stage names past a process's cap of custom names are recorded under this one name (their kind is
+#: kept), and counted in METRIC_STAGES_FOLDED.
+STAGE_OVERFLOW: Final = "other_stage"
+#: Custom stage names a process admits before folding the rest into STAGE_OVERFLOW (explicit
+#: argument, then ENV_MAX_CUSTOM_STAGES, then this). Built-in stages never count against it.
+DEFAULT_MAX_CUSTOM_STAGES: Final = 32
+#: A stage name is a label value: 1 to 64 characters of letters, digits and ``_ . : -``, starting
+#: with a letter or digit (``rerank``, ``safety-filter``, ``retrieve.v2``).
+STAGE_NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
+#: Names a team cannot give a stage: the analysis' own and the overflow name.
+RESERVED_STAGE_NAMES: Final[frozenset[str]] = frozenset({UNATTRIBUTED, STAGE_OVERFLOW})
 
 # --------------------------------------------------------------------------------------------------
 # Levers: no-retrain fixes the analysis can recommend.
@@ -76,6 +173,7 @@ LEVER_COMPILE_RUNTIME: Final = "compile-runtime"
 LEVER_SHRINK_RESPONSE: Final = "shrink-response"
 LEVER_CHUNKED_PREFILL: Final = "chunked-prefill"
 LEVER_SPECULATIVE_DECODING: Final = "speculative-decoding"
+LEVER_SHRINK_REQUEST: Final = "shrink-request"
 
 LEVERS: Final[tuple[str, ...]] = (
     LEVER_CACHE_FEATURES,
@@ -90,6 +188,7 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_SHRINK_RESPONSE,
     LEVER_CHUNKED_PREFILL,
     LEVER_SPECULATIVE_DECODING,
+    LEVER_SHRINK_REQUEST,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -115,8 +214,10 @@ STATUSES: Final[tuple[str, ...]] = (STATUS_BREACHED, STATUS_NO_DATA, STATUS_MET)
 # --------------------------------------------------------------------------------------------------
 # Prometheus metric names (stagescope's own). Durations in seconds.
 # --------------------------------------------------------------------------------------------------
-METRIC_REQUEST_DURATION: Final = "stagescope_request_duration_seconds"  # histogram: route, model, status_class
-METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, model
+METRIC_REQUEST_DURATION: Final = (
+    "stagescope_request_duration_seconds"  # histogram: route, model, status_class
+)
+METRIC_STAGE_DURATION: Final = "stagescope_stage_duration_seconds"  # histogram: stage, kind, model
 METRIC_QUEUE_DEPTH: Final = "stagescope_queue_depth"  # gauge: model; requests waiting (batch_wait + queue)
 METRIC_INFLIGHT: Final = "stagescope_inflight_requests"  # gauge: requests being served right now
 METRIC_BATCH_SIZE: Final = "stagescope_batch_size"  # histogram: model; items per executed batch
@@ -127,6 +228,7 @@ METRIC_REQUESTS_SHED: Final = "stagescope_requests_shed_total"  # counter: route
 METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; model (re)loads
 METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
 METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
+METRIC_STAGES_FOLDED: Final = "stagescope_stages_folded_total"  # counter: stage intervals past the name cap
 # What a model-changing lever would do, measured by the service when it loads (service/variants.py):
 # labels model, variant (VARIANT_SERVING or the lever's name) and, for batch times, rows.
 METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
@@ -167,7 +269,11 @@ DCGM_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
 DCGM_PROF_GR_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 DCGM_PROF_PIPE_TENSOR_ACTIVE: Final = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 DCGM_PROF_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
-DCGM_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # gauge, NVML bitmask
+# Clock-event (throttle) reasons, a gauge holding NVML's bitmask: dcgm-exporter HEAD reads the field as
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS (internal/pkg/collector/clock_events_collector.go); DCGM 3.3 renamed
+# it from DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, which its headers keep as an alias (older CSVs use it).
+DCGM_CLOCKS_EVENT_REASONS: Final = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+DCGM_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # the name before DCGM 3.3
 DCGM_ECC_SBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
 DCGM_ECC_DBE_VOL_TOTAL: Final = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 DCGM_ECC_SBE_AGG_TOTAL: Final = "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"
@@ -181,7 +287,9 @@ DCGM_LABEL_VBIOS_VERSION: Final = "DCGM_FI_DEV_VBIOS_VERSION"
 # window (set it to the scrape interval), published as max and mean so a 15 s scrape shows a 1 s peak.
 METRIC_GPU_UTIL_WINDOW_MAX: Final = "stagescope_gpu_utilization_window_max_percent"  # gauge: dcgm + engine
 METRIC_GPU_UTIL_WINDOW_MEAN: Final = "stagescope_gpu_utilization_window_mean_percent"  # gauge: dcgm + engine
-METRIC_GPU_UTIL_WINDOW_SAMPLES: Final = "stagescope_gpu_utilization_window_samples"  # gauge: samples in window
+METRIC_GPU_UTIL_WINDOW_SAMPLES: Final = (
+    "stagescope_gpu_utilization_window_samples"  # gauge: samples in window
+)
 METRIC_GPU_WINDOW_SECONDS: Final = "stagescope_gpu_utilization_window_seconds"  # gauge: window length (s)
 # Per-process GPU use (pid), so a service can be matched to its GPU.
 METRIC_GPU_PROCESS_MEMORY: Final = "stagescope_gpu_process_memory_used_bytes"  # gauge: gpu, UUID, pid
@@ -190,7 +298,13 @@ METRIC_GPU_SCRAPE_ERRORS: Final = "stagescope_gpu_nvml_errors_total"  # counter:
 LABEL_ENGINE: Final = "engine"  # "gpu" / "memory_copy" (device), "sm" / "memory_copy" (process)
 LABEL_PID: Final = "pid"
 DCGM_BLANK_SENTINEL: Final = 9223372036854775794
-DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+# The host label: dcgm-exporter HEAD writes ``hostname`` (commit d5e5f51, 2026-05-12, "Rename Hostname
+# label to hostname", internal/pkg/rendermetrics/render_metrics.go), its releases up to 4.5.3-4.8.2
+# ``Hostname``; stagescope's exporter writes the new one, the old one with --legacy-hostname-label.
+DCGM_LABEL_HOSTNAME: Final = "hostname"
+DCGM_LABEL_HOSTNAME_LEGACY: Final = "Hostname"
+DCGM_LABELS: Final[tuple[str, ...]] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", DCGM_LABEL_HOSTNAME)
+DCGM_LABELS_LEGACY: Final[tuple[str, ...]] = (*DCGM_LABELS[:-1], DCGM_LABEL_HOSTNAME_LEGACY)
 SIMULATED_ACCELERATOR_MODEL_NAME: Final = "simulated-accelerator"
 
 # vLLM (prefix ``vllm:``, label ``model_name``).
@@ -223,6 +337,44 @@ TRITON_COMPUTE_INFER_US: Final = "nv_inference_compute_infer_duration_us"
 TRITON_COMPUTE_OUTPUT_US: Final = "nv_inference_compute_output_duration_us"
 TRITON_GPU_UTILIZATION: Final = "nv_gpu_utilization"
 TRITON_GPU_MEMORY_USED: Final = "nv_gpu_memory_used_bytes"
+# Time to first response (histogram, milliseconds, whole milliseconds per observation: core's
+# infer_response.cc divides nanoseconds by 1e6 in integers); only with --metrics-config
+# histogram_latencies=true.
+TRITON_FIRST_RESPONSE_MS: Final = "nv_inference_first_response_histogram_ms"
+# Response cache (only for models with the cache on). Hits count in request_success, request and queue
+# durations but not in nv_inference_count / exec_count or the compute counters (core infer_stats.cc).
+TRITON_CACHE_HITS: Final = "nv_cache_num_hits_per_model"
+TRITON_CACHE_MISSES: Final = "nv_cache_num_misses_per_model"
+TRITON_CACHE_HIT_US: Final = "nv_cache_hit_duration_per_model"  # cumulative microseconds
+TRITON_CACHE_MISS_US: Final = "nv_cache_miss_duration_per_model"  # cumulative microseconds
+TRITON_LABEL_MODEL: Final = "model"
+TRITON_LABEL_VERSION: Final = "version"
+# Triton's traces (server src/tracer.cc): the trace file's timestamp names (core's
+# TRITONSERVER_InferenceTraceActivityString and the frontends' CaptureTimestamp calls) and the
+# OpenTelemetry mode's span names and attributes.
+TRITON_TS_REQUEST_START: Final = "REQUEST_START"
+TRITON_TS_QUEUE_START: Final = "QUEUE_START"
+TRITON_TS_COMPUTE_START: Final = "COMPUTE_START"
+TRITON_TS_COMPUTE_INPUT_END: Final = "COMPUTE_INPUT_END"
+TRITON_TS_COMPUTE_OUTPUT_START: Final = "COMPUTE_OUTPUT_START"
+TRITON_TS_COMPUTE_END: Final = "COMPUTE_END"
+TRITON_TS_REQUEST_END: Final = "REQUEST_END"
+TRITON_TS_HTTP_RECV_START: Final = "HTTP_RECV_START"
+TRITON_TS_HTTP_RECV_END: Final = "HTTP_RECV_END"
+TRITON_TS_HTTP_SEND_START: Final = "HTTP_SEND_START"
+TRITON_TS_HTTP_SEND_END: Final = "HTTP_SEND_END"
+TRITON_TS_GRPC_WAITREAD_START: Final = "GRPC_WAITREAD_START"
+TRITON_TS_GRPC_WAITREAD_END: Final = "GRPC_WAITREAD_END"
+TRITON_TS_GRPC_SEND_START: Final = "GRPC_SEND_START"
+TRITON_TS_GRPC_SEND_END: Final = "GRPC_SEND_END"
+TRITON_TS_INFER_RESPONSE_COMPLETE: Final = "INFER_RESPONSE_COMPLETE"
+TRITON_SPAN_ROOT: Final = "InferRequest"  # OpenTelemetry mode: the request's root span
+TRITON_SPAN_COMPUTE: Final = "compute"  # OpenTelemetry mode: a model span's compute child
+TRITON_ATTR_MODEL_NAME: Final = "triton.model_name"
+TRITON_ATTR_MODEL_VERSION: Final = "triton.model_version"
+TRITON_ATTR_TRACE_ID: Final = "triton.trace_id"
+TRITON_ATTR_TRACE_PARENT_ID: Final = "triton.trace_parent_id"
+TRITON_ATTR_REQUEST_ID: Final = "triton.request_id"
 
 # --------------------------------------------------------------------------------------------------
 # Prometheus label keys.
@@ -231,6 +383,7 @@ LABEL_ROUTE: Final = "route"  # route template, never the raw path
 LABEL_MODEL: Final = "model"  # from a configured set; others fold into OTHER_MODEL
 LABEL_STATUS_CLASS: Final = "status_class"  # "2xx", "4xx", "5xx", STATUS_CLASS_CLIENT_CLOSED
 LABEL_STAGE: Final = "stage"
+LABEL_KIND: Final = "kind"  # the stage's kind (a function of the stage name: adds no series)
 LABEL_EXPORTER: Final = "exporter"
 LABEL_REASON: Final = "reason"
 LABEL_GPU: Final = "gpu"
@@ -264,12 +417,17 @@ DROP_REASONS: Final[tuple[str, ...]] = (
 #: Server span name: "{method} {route template}" as opentelemetry-instrumentation-fastapi names it.
 SERVER_SPAN_NAME_FORMAT: Final = "{method} {route}"
 ATTR_STAGE: Final = "stagescope.stage"  # on stage spans: the stage name
+ATTR_STAGE_KIND: Final = "stagescope.stage.kind"  # on stage spans: the stage's kind (KINDS)
 ATTR_BATCH_SIZE: Final = "stagescope.batch_size"  # on the server span: size of the batch it ran in
 ATTR_INPUT_HASH: Final = "stagescope.input_hash"  # hash of the input, never the content
 ATTR_MODEL: Final = "stagescope.model"  # folded model label value
 ATTR_COLD_START: Final = "stagescope.cold_start"  # bool: request waited for a model load
 ATTR_QUEUE_DEPTH: Final = "stagescope.queue_depth"  # int: requests waiting when this one was enqueued
 ATTR_SAMPLED_REASON: Final = "stagescope.sampled_reason"  # "slow", "error", "baseline"
+SAMPLED_SLOW: Final = "slow"  # sampled_reason: slower than the slow threshold, kept with probability 1
+SAMPLED_ERROR: Final = "error"  # sampled_reason: failed (5xx or exception), kept with probability 1
+SAMPLED_BASELINE: Final = "baseline"  # sampled_reason: kept by the head sampler (its ratio, in `th`)
+SAMPLED_REASONS: Final[tuple[str, ...]] = (SAMPLED_SLOW, SAMPLED_ERROR, SAMPLED_BASELINE)
 ATTR_ITL_MEAN: Final = "stagescope.itl.mean"  # seconds, mean inter-token gap of this stream
 ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
 ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
@@ -293,6 +451,27 @@ VLLM_ATTR_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_ATTR_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
 VLLM_ATTR_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 VLLM_ATTR_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+
+# --------------------------------------------------------------------------------------------------
+# Probability sampling (OpenTelemetry, specification/trace/tracestate-probability-sampling.md and
+# tracestate-handling.md): every span carries its sampler's rejection threshold ``th`` (56 bits, hex,
+# trailing zeros dropped) in the ``ot`` entry of the W3C tracestate; probability = (2^56 - th) / 2^56,
+# ``th:0`` = kept with probability 1. ``rv`` is an explicit 56-bit randomness value (14 hex digits).
+# --------------------------------------------------------------------------------------------------
+TRACESTATE_OT: Final = "ot"  # the OpenTelemetry entry of the W3C tracestate
+OT_THRESHOLD: Final = "th"  # ot sub-key: rejection threshold
+OT_RANDOMNESS: Final = "rv"  # ot sub-key: explicit randomness value
+SAMPLING_MAX_THRESHOLD: Final = 1 << 56  # 2^56: thresholds and randomness are 56-bit values
+JAEGER_TAG_TRACESTATE: Final = "w3c.tracestate"  # where the collector's Jaeger translator keeps it
+
+# --------------------------------------------------------------------------------------------------
+# Where the analysis report's figures come from (``report["sources"]``): the traces (weighted by the
+# inverse of each request's sampling probability), the load generator's results (every request it
+# sent), or the request-duration histograms of the scraped metrics (every request the server saw).
+# --------------------------------------------------------------------------------------------------
+SOURCE_TRACES: Final = "traces"
+SOURCE_CLIENT_RESULTS: Final = "client_results"
+SOURCE_METRICS: Final = "metrics"
 
 # --------------------------------------------------------------------------------------------------
 # Histogram bucket sets (seconds). Every set holds the non-integer SLO thresholds 0.25, 0.5 and 2.5 s
@@ -371,10 +550,15 @@ SEVERITY_TICKET: Final = "ticket"
 ENV_SPANS_DIR: Final = "STAGESCOPE_SPANS_DIR"
 ENV_SLOW_THRESHOLD_MS: Final = "STAGESCOPE_SLOW_THRESHOLD_MS"
 ENV_BASELINE_SAMPLE: Final = "STAGESCOPE_BASELINE_SAMPLE"
+ENV_BASELINE_MIN_PER_S: Final = "STAGESCOPE_BASELINE_MIN_PER_S"  # default policy's floor, traces/s/route
 ENV_MODELS: Final = "STAGESCOPE_MODELS"
 ENV_INSTRUMENTATION_MODE: Final = "STAGESCOPE_INSTRUMENTATION_MODE"
 #: Seconds a graceful stop (SIGTERM/SIGINT through the ASGI lifespan, atexit, ``shutdown()``) may spend
 #: writing or sending the spans still queued; what is left then is counted as DROP_SHUTDOWN.
 ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
+#: Unix time minus steady-clock time on the Triton host, in ns, for placing Triton trace files
+#: (their timestamps are on the server's steady clock; see analysis/ingest/triton_file.py).
+ENV_TRITON_CLOCK_OFFSET_NS: Final = "STAGESCOPE_TRITON_CLOCK_OFFSET_NS"
+ENV_MAX_CUSTOM_STAGES: Final = "STAGESCOPE_MAX_CUSTOM_STAGES"
 
 __all__ = sorted(name for name in dir() if name.isupper())

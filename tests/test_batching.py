@@ -476,9 +476,10 @@ def test_the_batchers_model_labels_the_requests_metrics_unless_the_request_names
     assert value(count, {**req, "model": "ranker-v3"}) == 3
     assert value(count, {**req, "model": ""}) is None
     for stage in ("preprocess", "batch_wait", "queue", "compute"):
-        got = value(f"{names.METRIC_STAGE_DURATION}_count", {"stage": stage, "model": "ranker-v3"})
+        labels = {"stage": stage, "kind": names.STAGE_KINDS[stage], "model": "ranker-v3"}
+        got = value(f"{names.METRIC_STAGE_DURATION}_count", labels)
         assert got == 3, stage
     own = {"route": "/v1/score-own", "status_class": "2xx", "model": "reranker"}
     assert value(count, own) == 1
-    assert value(f"{names.METRIC_STAGE_DURATION}_count", {"stage": "compute", "model": "reranker"}) == 1
+    assert value(f"{names.METRIC_STAGE_DURATION}_count", {"stage": "compute", "kind": "compute", "model": "reranker"}) == 1
     assert value(f"{names.METRIC_BATCH_SIZE}_count", {"model": "ranker-v3"}) >= 1

@@ -17,11 +17,12 @@ def test_vocabularies_are_the_pinned_ones() -> None:
     assert names.STAGES == (
         "network", "feature_fetch", "preprocess", "batch_wait", "queue", "compute",
         "prefill", "decode", "postprocess", "egress", "cold_start",
+        "receive", "deserialize", "compute_input", "compute_output",
     )  # fmt: skip
     assert names.LEVERS == (
         "cache-features", "cache-results", "offload-preprocessing", "cap-batch-wait",
         "reduce-batch-tokens", "scale-out", "prewarm", "quantize", "compile-runtime",
-        "shrink-response", "chunked-prefill", "speculative-decoding",
+        "shrink-response", "chunked-prefill", "speculative-decoding", "shrink-request",
     )  # fmt: skip
 
 
@@ -65,7 +66,7 @@ def test_slo_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert b.sli == "ttft" and b.window == "7d"
     assert parse_slo(str(p)) == [a, b]
     p.write_text("slos:\n  - {name: x, service: s, sli: e2e, threshold_ms: 300, objective: 1.5}\n")
-    with pytest.raises(UserError, match=r"slo.yaml: slos\[0\]"):
+    with pytest.raises(UserError, match=r"slo.yaml:2: slos\[0\] \(x\): objective"):
         load_slo_file(p)
     p.write_text("slos: [\n")
     with pytest.raises(UserError, match="not valid YAML"):
@@ -73,8 +74,10 @@ def test_slo_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_stage_records_into_the_current_request_only() -> None:
-    with pytest.raises(ValueError, match="unknown stage 'gpu'"):
-        stagescope.stage("gpu")
+    with pytest.raises(ValueError, match="is not a label value"):
+        stagescope.stage("gpu time")
+    with pytest.raises(ValueError, match="unknown stage kind 'gpu'"):
+        stagescope.stage("compute", kind="gpu")
 
     async def one(name: str) -> RequestRecord:
         rec = RequestRecord(route=name)

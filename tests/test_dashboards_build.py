@@ -96,10 +96,11 @@ def test_every_metric_name_comes_from_names() -> None:
 def test_latency_dashboard_puts_queue_beside_compute() -> None:
     dash = _load("stagescope-latency.json")
     (side,) = _exprs(dash, "Queue vs batch wait vs GPU compute")[1:]  # p99 target
-    assert 'stage=~"queue|batch_wait|compute"' in side and "histogram_quantile(0.99" in side
+    assert 'kind=~"queue|batch_wait|compute"' in side and 'stage=~"$stage"' in side
+    assert "histogram_quantile(0.99" in side
     assert any(f"{names.METRIC_STAGE_DURATION}_sum" in e for e in _exprs(dash, "Time per request by stage"))
     heat = next(p for p in _all_panels(dash) if p["title"] == "Queue wait heatmap")
-    assert heat["type"] == "heatmap" and 'stage="queue"' in heat["targets"][0]["expr"]
+    assert heat["type"] == "heatmap" and 'kind="queue"' in heat["targets"][0]["expr"]
     assert heat["targets"][0]["format"] == "heatmap"
     exemplars = [t for p in _all_panels(dash) for t in p["targets"] if t["exemplar"]]
     assert any(names.METRIC_REQUEST_DURATION in t["expr"] for t in exemplars)
@@ -131,7 +132,7 @@ def test_llm_dashboard_defines_its_words_and_covers_vllm() -> None:
         names.VLLM_DECODE_TIME,
     ):
         assert metric in exprs, metric  # fmt: skip
-    assert 'stage=~"prefill|decode"' in exprs
+    assert 'kind=~"prefill|decode"' in exprs
 
 
 def test_gpu_dashboard_uses_dcgm_names_and_puts_utilization_beside_queue() -> None:
@@ -158,3 +159,20 @@ def test_slo_dashboard_shows_budget_burn_rates_and_alerts() -> None:
     assert names.RULE_SLO_BUDGET_REMAINING in exprs and "ALERTS{" in exprs
     for w in names.SLO_WINDOWS:
         assert names.RULE_SLI_ERROR_RATIO_FORMAT.format(window=w) + "{" in exprs, w
+
+
+def test_stage_panels_read_the_stage_variable_not_a_list_of_stages() -> None:
+    """A team's own stages show up without editing a dashboard: every query over the stage histogram
+    selects stages with ``$stage`` (label values of the histogram) and otherwise only by kind."""
+    for name in DASHBOARDS:
+        dash = _load(name)
+        staged = [q for q in panel_queries(dash) if names.METRIC_STAGE_DURATION in q.expr]
+        if not staged:
+            continue
+        (var,) = [v for v in variable_queries(dash) if v.name == "stage"]
+        assert var.query == (
+            f'label_values({names.METRIC_STAGE_DURATION}_count{{job=~"$job", model=~"$model"}}, stage)'
+        )
+        for q in staged:
+            assert 'stage=~"$stage"' in q.expr, f"{name} / {q.panel}"
+            assert not re.search(r'\bstage(=|!=|=~|!~)"(?!\$stage")', q.expr), f"{name} / {q.panel}: {q.expr}"

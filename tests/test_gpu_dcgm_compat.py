@@ -12,7 +12,10 @@ prometheus_client's parser. Quirks handled (see external/PROVENANCE.md):
 
 How label keys are compared (theirs depend on the release and the deployment):
 
-- ``hostname`` (newer releases) and ``Hostname`` (older, and ours) are the same key;
+- ``hostname`` (HEAD, and ours) and ``Hostname`` (releases up to 4.5.3-4.8.2, and ours with
+  ``--legacy-hostname-label``) are the same key; the real scrapes are older and write ``Hostname``,
+  HEAD's own label set is read from its template (external/prometheus/dcgm-exporter/
+  render_metrics_head_excerpt.go) and compared exactly;
 - ``pod``/``namespace``/``container`` exist only with Kubernetes pod mapping, which we do not do;
 - ``DCGM_FI_*`` label keys come from the ``label`` rows of the counters CSV in use; we compare those
   our CSV lists (``DCGM_FI_DRIVER_VERSION``) and drop the others (``DCGM_FI_PROCESS_NAME``, ...);
@@ -29,8 +32,10 @@ test pins that this is the only disagreement.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stagescope import names
@@ -112,6 +117,42 @@ def test_every_dcgm_family_we_emit_matches_theirs() -> None:
         names.DCGM_TOTAL_ENERGY, names.DCGM_PCIE_REPLAY, names.DCGM_MEMORY_TEMP,
     } <= compared  # fmt: skip
     assert len(compared) >= 20
+
+
+def _head_identity_keys() -> list[str]:
+    """The label keys of dcgm-exporter HEAD's GPU metric lines (its text/template), in order; MIG's
+    GPU_I_* keys appear only on MIG devices and are left out. The UUID key is configurable there
+    (``{{ $metric.UUID }}``, default ``UUID``)."""
+    src = (ROOT / "external/prometheus/dcgm-exporter/render_metrics_head_excerpt.go").read_text()
+    line = next(x for x in src.splitlines() if x.startswith("{{ $counter.FieldName }}{gpu="))
+    line = re.sub(r"\{\{if \$metric\.MigProfile\}\}.*?\{\{end\}\}", "", line)
+    line = line.removeprefix("{{ $counter.FieldName }}{")
+    return [("UUID" if k == "{{ $metric.UUID }}" else k) for k in re.findall(r'(?:^|[,}])(\w+|\{\{ \$metric\.UUID \}\})="\{\{', line)]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_identity_labels_are_dcgm_exporter_heads(legacy: bool) -> None:
+    head = _head_identity_keys()
+    assert head == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname"]
+    c = GpuCollector(FakeNvml([FakeGpu()]), hostname="node-a", start_sampler=False,
+                     hostname_label="Hostname" if legacy else "hostname")  # fmt: skip
+    fam = load_scrape(generate_text(c).decode())[names.DCGM_GPU_TEMP]
+    (keys,) = set(fam[1])
+    want = [("Hostname" if legacy and k == "hostname" else k) for k in head]
+    assert keys - {names.DCGM_LABEL_DRIVER_VERSION} == set(want)
+    assert list(names.DCGM_LABELS_LEGACY if legacy else names.DCGM_LABELS) == want
+
+
+def test_counters_csv_is_dcgm_exporter_heads_default_list() -> None:
+    """Every active row of dcgm-exporter's default-counters.csv (byte-identical at HEAD d5e5f51) is in
+    ours with its type, in its order; ours adds only the rows named after them."""
+    theirs = [(c.name, c.type) for c in load_counters_csv(ROOT / "external/prometheus/dcgm-exporter/default-counters.csv")]
+    ours = [(c.name, c.type) for c in load_counters_csv()]
+    assert ours[: len(theirs)] == theirs
+    assert [n for n, _ in ours[len(theirs) :]] == [
+        names.DCGM_CLOCKS_EVENT_REASONS, names.DCGM_ECC_SBE_VOL_TOTAL, names.DCGM_ECC_DBE_VOL_TOTAL,
+        names.DCGM_ECC_SBE_AGG_TOTAL, names.DCGM_ECC_DBE_AGG_TOTAL,
+    ]  # fmt: skip
 
 
 def test_stagescope_families_never_take_a_dcgm_name() -> None:

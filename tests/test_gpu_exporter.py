@@ -89,7 +89,7 @@ def test_multi_gpu_machine_all_fields_with_dcgm_labels_and_units() -> None:
             pci_bus_id=g2.bus_id,
             device="nvidia2",
             modelName=g2.name,
-            Hostname="node-a",
+            hostname="node-a",
             DCGM_FI_DRIVER_VERSION="550.54.15",
         )
         == 1410
@@ -103,7 +103,29 @@ def test_multi_gpu_machine_all_fields_with_dcgm_labels_and_units() -> None:
 def test_label_values_are_escaped_in_the_exposition() -> None:
     odd = 'node "a"\\b\nc'
     s = scrape(make(FakeNvml(1), hostname=odd))
-    assert value(s, names.DCGM_GPU_TEMP, Hostname=odd) == 40
+    assert value(s, names.DCGM_GPU_TEMP, hostname=odd) == 40
+
+
+def test_legacy_hostname_label_for_old_dashboards() -> None:
+    """dcgm-exporter HEAD writes ``hostname``; --legacy-hostname-label keeps its older releases' key."""
+    new = dict(next(iter(scrape(make(FakeNvml(1)))[names.DCGM_GPU_TEMP])))
+    old = dict(next(iter(scrape(make(FakeNvml(1), hostname_label="Hostname"))[names.DCGM_GPU_TEMP])))
+    assert new["hostname"] == old["Hostname"] == "node-a"
+    assert "Hostname" not in new and "hostname" not in old
+    assert set(old) - {names.DCGM_LABEL_DRIVER_VERSION} == set(names.DCGM_LABELS_LEGACY)
+    with pytest.raises(ValueError, match="hostname_label"):
+        make(FakeNvml(1), hostname_label="host")
+
+
+def test_clock_events_field_under_both_names() -> None:
+    """The default CSV lists HEAD's DCGM_FI_DEV_CLOCKS_EVENT_REASONS; a CSV with the pre-3.3 name gets
+    the same bitmask under that name."""
+    s = scrape(make(FakeNvml(1)))
+    assert names.DCGM_CLOCKS_EVENT_REASONS in s and names.DCGM_CLOCK_THROTTLE_REASONS not in s
+    old_csv = [c for c in load_counters_csv() if c.name != names.DCGM_CLOCKS_EVENT_REASONS]
+    old_csv.append(fields.CounterSpec(names.DCGM_CLOCK_THROTTLE_REASONS, "gauge", "old name", 1))
+    s2 = scrape(make(FakeNvml(1), counters=old_csv))
+    assert value(s2, names.DCGM_CLOCK_THROTTLE_REASONS, gpu="0") == value(s, names.DCGM_CLOCKS_EVENT_REASONS, gpu="0")
 
 
 def test_unsupported_fields_are_omitted_and_not_asked_again() -> None:

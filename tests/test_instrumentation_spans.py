@@ -141,7 +141,9 @@ def test_span_tree_and_attributes_join_the_callers_trace() -> None:
         assert child.parent is not None and child.parent.span_id == server.context.span_id
         assert child.context is not None and child.context.trace_id == server.context.trace_id
         assert child.kind == SpanKind.INTERNAL
-        assert dict(child.attributes or {}) == {names.ATTR_STAGE: child.name}
+        assert dict(child.attributes or {}) == {
+            names.ATTR_STAGE: child.name, names.ATTR_STAGE_KIND: names.STAGE_KINDS[child.name]
+        }
         assert child.start_time is not None and child.end_time is not None
         assert server.start_time <= child.start_time <= child.end_time <= server.end_time
     compute = children[1]
@@ -218,8 +220,9 @@ def test_tail_sampling_keeps_slow_requests_and_a_baseline_share() -> None:
 
 
 def test_sampling_policy_honours_otel_env() -> None:
-    low = int("0" * 16 + "00000000000000ff", 16)  # low 64 bits tiny: inside any ratio > 0
-    high = int("0" * 16 + "ffffffffffffff00", 16)
+    # OpenTelemetry's consistent rule keeps a trace when its randomness (low 56 bits) >= the threshold
+    low = int("0" * 16 + "00ffffffffffffff", 16)  # randomness at its largest: inside any ratio > 0
+    high = int("0" * 16 + "ff000000000000ff", 16)  # randomness tiny: outside any ratio < 1
     on = SamplingPolicy.resolve(env={"OTEL_TRACES_SAMPLER": "always_on"})
     assert on.keeps_everything and on.decide(high, None, 0, False) == "baseline"
     off = SamplingPolicy.resolve(env={"OTEL_TRACES_SAMPLER": "always_off"})

@@ -36,6 +36,7 @@ EXPECTED = {
     "stagescope_model_loads": "counter",
     "stagescope_model_ready": "gauge",
     "stagescope_executor_busy_seconds": "counter",
+    "stagescope_stages_folded": "counter",
     "gen_ai_server_time_to_first_token_seconds": "histogram",
     "gen_ai_server_time_per_output_token_seconds": "histogram",
     "gen_ai_server_request_duration_seconds": "histogram",
@@ -109,8 +110,8 @@ def test_metrics_endpoint_serves_every_family_with_exemplars(tmp_path: Path) -> 
     assert value(req, f"{req}_count", route="/v1/predict/{item}", status_class="4xx") == n_shed
     assert value("stagescope_requests_shed", "stagescope_requests_shed_total", model="ranker") == n_shed
     stage = "stagescope_stage_duration_seconds"
-    for s in ("preprocess", "batch_wait", "queue", "compute"):
-        assert value(stage, f"{stage}_count", stage=s, model="ranker") >= n_ok, s
+    for s, k in (("preprocess", "cpu"), ("batch_wait", "batch_wait"), ("queue", "queue"), ("compute", "compute")):
+        assert value(stage, f"{stage}_count", stage=s, kind=k, model="ranker") >= n_ok, s
     batch = "stagescope_batch_size"
     assert value(batch, f"{batch}_sum", model="ranker") == n_ok  # every served item ran in one batch
     itl = "stagescope_inter_token_latency_seconds"

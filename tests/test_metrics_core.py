@@ -43,7 +43,7 @@ def test_request_finished_publishes_the_record() -> None:
     assert reg.get_sample_value(f"{names.METRIC_REQUEST_DURATION}_bucket", {**lbl, "le": "0.15"}) == 0
     assert reg.get_sample_value(f"{names.METRIC_REQUEST_DURATION}_bucket", {**lbl, "le": "0.2"}) == 1
     for stage, seconds in (("batch_wait", 0.02), ("queue", 0.1), ("compute", 0.04)):
-        s = {"stage": stage, "model": "ranker"}
+        s = {"stage": stage, "kind": names.STAGE_KINDS[stage], "model": "ranker"}
         assert reg.get_sample_value(f"{names.METRIC_STAGE_DURATION}_sum", s) == pytest.approx(seconds)
     # not an LLM request: no GenAI samples
     assert reg.get_sample_value(f"{names.METRIC_GENAI_REQUEST_DURATION}_count", {"model": "ranker"}) is None

@@ -22,7 +22,7 @@ import orjson
 
 from stagescope.analysis.ingest.files import open_bytes
 
-__all__ = ["MAX_NS", "MIN_NS", "Problem", "diagnose_otlp", "unit_guess"]
+__all__ = ["MAX_NS", "MIN_NS", "Problem", "api_error", "diagnose_otlp", "unit_guess"]
 
 MIN_NS = 10**17  # 1973-03-03 in Unix ns
 MAX_NS = 41 * 10**17  # 2099-12-02
@@ -106,7 +106,11 @@ def _span_problem(sp: Any) -> str | None:
     return None
 
 
-def _doc_problem(doc: Any) -> str | None:
+def _doc_problem(doc: Any, wrapper: str | None = None) -> str | None:
+    if wrapper is not None:
+        if not isinstance(doc, dict) or wrapper not in doc:
+            return f"expected an object holding the export request under {wrapper!r}"
+        doc = doc[wrapper]
     if not isinstance(doc, dict):
         return f"expected an OTLP ExportTraceServiceRequest object, got {type(doc).__name__}"
     rs_list = doc.get("resourceSpans")
@@ -135,13 +139,14 @@ def _open_lines(path: Path) -> IO[bytes]:
 
 
 def diagnose_otlp(
-    path: Path, *, lines: bool, good_out: Path | None = None, limit: int = 1000
+    path: Path, *, lines: bool, good_out: Path | None = None, limit: int = 1000, wrapper: str | None = None
 ) -> tuple[list[Problem], int]:
     """Problems (1-based line numbers, at most ``limit``; reading stops there) and how many good lines
     were written to ``good_out`` (for skip-bad). Lines are streamed: memory stays bounded.
 
     For a single multi-line document nothing is good when it has a problem; the line named is the
-    JSON syntax error's line, or the first line holding the offending value.
+    JSON syntax error's line, or the first line holding the offending value. ``wrapper``: the key
+    each object holds its export request under (Jaeger v3's ``result``).
     """
     problems: list[Problem] = []
     if not lines:
@@ -150,7 +155,7 @@ def diagnose_otlp(
             doc = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             return [Problem(exc.lineno, f"malformed JSON: {exc.msg}")], 0
-        msg = _doc_problem(doc)
+        msg = _doc_problem(doc, wrapper)
         return ([Problem(_line_of(data, msg), msg)] if msg else []), 0
     n_good = 0
     no = 0
@@ -161,7 +166,7 @@ def diagnose_otlp(
                 if not raw.strip():
                     continue
                 try:
-                    msg = _doc_problem(orjson.loads(raw))
+                    msg = _doc_problem(orjson.loads(raw), wrapper)
                 except orjson.JSONDecodeError as exc:
                     cut = "EOF" in exc.msg or "end" in exc.msg
                     msg = f"malformed JSON ({'truncated line' if cut else exc.msg})"
@@ -190,3 +195,17 @@ def _line_of(data: bytes, msg: str) -> int:
         if pos >= 0:
             return data.count(b"\n", 0, pos) + 1
     return 1
+
+
+def api_error(path: Path) -> str | None:
+    """The message of a saved query-API error answer (Jaeger's ``{"error": {"httpCode", "message"}}``,
+    jaegertracing/jaeger internal/proto/api_v3 ``GRPCGatewayError``), or None if the file is not one."""
+    try:
+        doc = orjson.loads(open_bytes(path))
+    except orjson.JSONDecodeError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict) or "resourceSpans" in doc:
+        return None
+    code = err.get("httpCode") or err.get("http_code") or err.get("code")
+    return f"a query API error answer, not traces (HTTP {code}: {err.get('message', '')!s})"

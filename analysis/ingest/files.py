@@ -1,10 +1,11 @@
-"""Finding input files and telling their kind from their first bytes (not from their names).
+"""Finding input files and telling their format from their first bytes (not from their names).
 
-Trace kinds: ``otlp`` (``resourceSpans``), ``sink`` (OTLP lines named ``spans-<pid>-<n>.jsonl``),
-``jaeger`` (query-API ``{"data": [...]}``, a bare array of Jaeger spans, or the Jaeger-UI
-``{"data": {"spans": ...}}``), ``otlp-other`` (OTLP logs or metrics: no spans) and ``unknown``.
-Directories are walked recursively; only files whose name ends in ``.json``, ``.jsonl``,
-``.ndjson`` (optionally ``.gz``) are taken from a directory, files named explicitly are always read.
+The format is the reader that claims the file (:func:`stagescope.analysis.ingest.readers.detect`:
+OTLP/JSON, Jaeger v2's API v3, Triton's trace file, Zipkin v2, Jaeger, OTLP logs/metrics); files
+no reader claims are ``unknown``, files with nothing in them ``empty``. Directories are walked
+recursively; only files whose name ends in ``.json``, ``.jsonl``, ``.ndjson`` (optionally ``.gz``),
+or ``.json.<N>`` (Triton's indexed trace files, ``file.0``, ``file.1``, ... with ``log-frequency``)
+are taken from a directory, files named explicitly are always read.
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from stagescope.analysis.ingest.readers import Head, detect
 from stagescope.errors import UserError
+
+if TYPE_CHECKING:
+    from stagescope.analysis.ingest.readers import Reader
 
 __all__ = ["TRACE_SUFFIXES", "SniffedFile", "expand_paths", "open_bytes", "sniff"]
 
 TRACE_SUFFIXES = (".json", ".jsonl", ".ndjson")
-_SINK_NAME = re.compile(r"spans-\d+-\d+\.jsonl(\.gz)?$")
+#: Triton's trace files written with ``log-frequency``: ``<file>.<index>`` (server src/tracer.cc
+#: ``TraceFile::SaveTraces``).
+_INDEXED = re.compile(r"\.json\.\d+$")
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEAD = 256 * 1024
 
@@ -28,10 +36,12 @@ _HEAD = 256 * 1024
 @dataclass
 class SniffedFile:
     path: Path
-    kind: str  # otlp | sink | jaeger | otlp-other | empty | unknown
+    kind: str  # the reader's kind (otlp, sink, jaeger-v3, triton-trace, zipkin, jaeger) | empty | unknown
     gzip: bool
     lines: bool  # True: one JSON value per line; False: one (possibly multi-line) document
     size: int
+    reader: Reader | None = None
+    head: bytes = field(default=b"", repr=False)  # the first bytes detection saw (whitespace stripped)
 
 
 def expand_paths(
@@ -46,7 +56,7 @@ def expand_paths(
         if p.is_dir():
             found = sorted(
                 f for f in p.rglob("*")
-                if f.is_file() and f.name.removesuffix(".gz").endswith(suffixes)
+                if f.is_file() and _wanted(f.name, suffixes)
             )  # fmt: skip
             if not found and warnings is not None:
                 warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory: nothing read from it")
@@ -60,6 +70,11 @@ def expand_paths(
                 seen.add(key)
                 out.append(f)
     return out
+
+
+def _wanted(name: str, suffixes: tuple[str, ...]) -> bool:
+    bare = name.removesuffix(".gz")
+    return bare.endswith(suffixes) or (suffixes == TRACE_SUFFIXES and bool(_INDEXED.search(bare)))
 
 
 def open_bytes(path: Path) -> bytes:
@@ -88,7 +103,7 @@ def _head(path: Path) -> tuple[bytes, bool]:
 
 
 def sniff(path: Path) -> SniffedFile:
-    """Kind of a trace file from its first 256 KiB; raises UserError for unreadable/binary files."""
+    """Format of a trace file from its first 256 KiB; raises UserError for unreadable/binary files."""
     try:
         head, is_gz = _head(path)
         size = path.stat().st_size
@@ -106,16 +121,9 @@ def sniff(path: Path) -> SniffedFile:
     lines = text[:1] == b"{" and (
         b"\n" not in text or _is_json(first_line) or (first_line.strip() != b"{" and second[:1] == b"{")
     )
-    window = text[:8192]
-    if b'"resourceSpans"' in window:
-        kind = "sink" if _SINK_NAME.search(path.name) else "otlp"
-    elif b'"resourceLogs"' in window or b'"resourceMetrics"' in window:
-        kind = "otlp-other"
-    elif b'"traceID"' in window or (text[:1] == b"{" and b'"data"' in window):
-        kind = "jaeger"
-    else:
-        kind = "unknown"
-    return SniffedFile(path, kind, is_gz, lines, size)
+    reader = detect(Head(path, text, lines))
+    kind = reader.kind_of(path) if reader is not None else "unknown"
+    return SniffedFile(path, kind, is_gz, lines, size, reader, text[:8192])
 
 
 def _is_json(line: bytes) -> bool:

@@ -5,7 +5,11 @@ Jaeger-UI single trace ``{"data": {"spans": [...], "processes": {...}}}`` or a b
 a bare array of spans with inline ``process``. Times are **microseconds** (``startTime``,
 ``duration``) and become Unix nanoseconds. 64-bit trace ids are left-padded to 32 hex digits. The
 parent is the first ``CHILD_OF`` reference (else the first reference, else ``parentSpanID``); kind
-comes from the ``span.kind`` tag, an error from ``error=true`` or ``otel.status_code=ERROR``.
+comes from the ``span.kind`` tag, an error from ``error=true`` or ``otel.status_code=ERROR``, the
+W3C tracestate from ``w3c.tracestate`` (where the collector's Jaeger translator keeps it). A span's
+``logs`` become its events: the log's ``event`` field is the event's name (as Jaeger stores OTLP span
+events: jaegertracing/jaeger internal/storage/v2/cassandra/tracestore/to_dbmodel.go, ``eventNameAttr``),
+its ``timestamp`` (microseconds) the time.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import pyarrow as pa
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
-from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
 from stagescope.errors import UserError
+from stagescope.names import JAEGER_TAG_TRACESTATE
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.traces import TraceLoader
 
-__all__ = ["JaegerFileError", "jaeger_rows", "load_jaeger_files"]
+__all__ = ["SPAN_SCHEMA", "JaegerFileError", "insert_rows", "jaeger_rows", "load_jaeger_files", "tag_value"]
 
 _KINDS = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 _HEX = re.compile(r"[0-9a-fA-F]{1,32}")
@@ -113,10 +118,55 @@ def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
         "end_ns": start_ns + dur * 1000,
         "service": proc.get("serviceName") if isinstance(proc, dict) else None,
         "otel_status": 2 if str(tags.get("error", "")).lower() == "true" or status == "ERROR" else 0,
+        "trace_state": str(tags[JAEGER_TAG_TRACESTATE]) if tags.get(JAEGER_TAG_TRACESTATE) else None,
     }
+    row["events"] = _events(sp.get("logs"))
     for col, (typ, keys) in ATTR_COLUMNS.items():
-        row[col] = next((_convert(tags[k], typ) for k in keys if k in tags), None)
+        row[col] = next((tag_value(col, typ, tags[k]) for k in keys if k in tags), None)
     return row
+
+
+def tag_value(col: str, typ: str, v: Any) -> Any:
+    """A tag's value for spans-table column ``col`` of SQL type ``typ`` (the Python readers: Jaeger,
+    Zipkin): converted, or for STRING_ONLY / INVALID_COLUMNS a non-empty string / what it is instead."""
+    if col in STRING_ONLY or col in INVALID_COLUMNS:
+        return _string_or_not(v, col in INVALID_COLUMNS)
+    return _convert(v, typ)
+
+
+def _events(logs: Any) -> list[dict[str, Any]] | None:
+    """A Jaeger span's logs as ``{name, ns}`` events (logs without an ``event`` field are skipped)."""
+    out = []
+    for lg in logs if isinstance(logs, list) else ():
+        ts = lg.get("timestamp") if isinstance(lg, dict) else None
+        if not isinstance(ts, int) or isinstance(ts, bool):
+            continue
+        fields = lg.get("fields") or []
+        name = next(
+            (f.get("value") for f in fields if isinstance(f, dict) and f.get("key") == "event"), None
+        ) if isinstance(fields, list) else None  # fmt: skip
+        if isinstance(name, str):
+            out.append({"name": name, "ns": ts * 1000})
+    return out or None
+
+
+def _string_or_not(v: Any, describe: bool) -> str | None:
+    """A non-empty string tag value (``describe``: None), else None (``describe``: what it is instead)."""
+    if isinstance(v, str) and v.strip():
+        return None if describe else v
+    if not describe:
+        return None
+    if isinstance(v, str):
+        return "an empty string"
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, int):
+        return f"the integer {v}"
+    if isinstance(v, float):
+        return f"the number {v}"
+    if isinstance(v, list):
+        return "a list"
+    return "a value that is not a string"
 
 
 def jaeger_rows(data: bytes, file: str) -> list[dict[str, Any]]:
@@ -143,8 +193,10 @@ _ARROW_TYPES = {
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
     "DOUBLE[]": pa.list_(pa.float64()),
+    "STRUCT(name VARCHAR, ns BIGINT)[]": pa.list_(pa.struct([("name", pa.string()), ("ns", pa.int64())])),
 }
-_SCHEMA = pa.schema([(c, _ARROW_TYPES[t]) for c, t in SPAN_COLUMNS.items()])
+#: The spans table as an Arrow schema (the Python readers build their rows against it).
+SPAN_SCHEMA = pa.schema([(c, _ARROW_TYPES[t]) for c, t in SPAN_COLUMNS.items()])
 
 
 def load_jaeger_files(loader: TraceLoader, files: list[SniffedFile]) -> None:
@@ -158,7 +210,14 @@ def load_jaeger_files(loader: TraceLoader, files: list[SniffedFile]) -> None:
             loader.bad(f.path, [Problem(exc.line, exc.reason)], "jaeger")
             continue
         loader.files.append(FileSummary(str(f.path), "jaeger"))
-        if rows:
-            loader.con.register("_jaeger_rows", pa.Table.from_pylist(rows, schema=_SCHEMA))
-            loader.con.execute("INSERT INTO spans SELECT * FROM _jaeger_rows")
-            loader.con.unregister("_jaeger_rows")
+        insert_rows(loader.con, rows)
+
+
+def insert_rows(con: Any, rows: list[dict[str, Any]]) -> None:
+    """Append rows (dicts keyed by the spans table's columns) to ``spans``."""
+    if rows:
+        con.register("_python_rows", pa.Table.from_pylist(rows, schema=SPAN_SCHEMA))
+        try:
+            con.execute("INSERT INTO spans SELECT * FROM _python_rows")
+        finally:
+            con.unregister("_python_rows")

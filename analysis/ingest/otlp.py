@@ -4,7 +4,7 @@ Input: files holding ``ExportTraceServiceRequest`` JSON, one per line (the colle
 exporter, stagescope's embedded sink) or one (pretty-printed) document per file, optionally gzip.
 DuckDB splits the files into JSON objects and parses each object **once** with ``json_transform``
 into nested structs (ids, kind and status as text, times as BIGINT, attributes as a list of
-``{key, value}`` structs); UNNEST
+``{key, value}`` structs, events as ``{name, ns}``); UNNEST
 walks ``resourceSpans -> scopeSpans -> spans``, and the attribute keys of
 :data:`~stagescope.analysis.ingest.spans.ATTR_COLUMNS` are pivoted with ``list_position``. (Keep
 expressions out of SELECTs that UNNEST: DuckDB evaluates them per output row.) Lenient by design:
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
+from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
 
-__all__ = ["MAX_OBJECT_BYTES", "otlp_spans_sql", "sql_str"]
+__all__ = ["MAX_OBJECT_BYTES", "WRAPPERS", "otlp_spans_sql", "sql_str"]
 
 #: Default largest JSON object (one export request line); DuckDB's read buffers scale with it, so it
 #: stays at DuckDB's default and a file with longer lines is retried with a larger bound.
@@ -35,12 +35,17 @@ _ATTR_TYPE = (
     f'"boolValue":"BOOLEAN","arrayValue":{{"values":[{_SCALAR}]}}}}}}]'
 )
 _SPAN_TYPE = (
-    '{"traceId":"VARCHAR","spanId":"VARCHAR","parentSpanId":"VARCHAR","name":"VARCHAR","kind":"VARCHAR",'
-    '"startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
-    f'"attributes":{_ATTR_TYPE}}}'
+    '{"traceId":"VARCHAR","spanId":"VARCHAR","traceState":"VARCHAR","parentSpanId":"VARCHAR",'
+    '"name":"VARCHAR","kind":"VARCHAR","startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
+    f'"attributes":{_ATTR_TYPE},"events":[{{"name":"VARCHAR","timeUnixNano":"BIGINT"}}]}}'
 )
 #: One export request, parsed once per line into nested structs (ids/kind/status converted below).
 _LINE_TYPE = f'{{"resourceSpans":[{{"resource":{{"attributes":{_ATTR_TYPE}}},"scopeSpans":[{{"spans":[{_SPAN_TYPE}]}}]}}]}}'
+#: Envelopes around the export request that readers name: Jaeger v2's query API (``api/v3``) answers
+#: ``{"result": TracesData}`` (jaegertracing/jaeger
+#: cmd/jaeger/internal/extension/jaegerquery/internal/apiv3/http_gateway.go, ``returnTrace``; its
+#: grpc-gateway predecessor streamed one such object per line).
+WRAPPERS: Final = ("result",)
 _KINDS = {"UNSPECIFIED": 0, "INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
 _STATUS = {"UNSET": 0, "OK": 1, "ERROR": 2}
 
@@ -65,9 +70,20 @@ def _hex_id(expr: str) -> str:
     )
 
 
-def _pivot(typ: str, p: str) -> str:
-    """Typed value of the attribute at list position ``p`` (flat value lists sv/iv/dv/bv, see below)."""
+def _pivot(typ: str, p: str, col: str = "") -> str:
+    """Typed value of the attribute at list position ``p`` (flat value lists sv/iv/dv/bv, see below);
+    ``col`` in STRING_ONLY / INVALID_COLUMNS: a non-empty string only / a description of any other value."""
     sv, iv, dv, bv = f"sv[{p}]", f"iv[{p}]", f"dv[{p}]", f"bv[{p}]"
+    if col in STRING_ONLY:
+        return f"CASE WHEN trim({sv}) <> '' THEN {sv} END"
+    if col in INVALID_COLUMNS:
+        return (
+            f"CASE WHEN trim({sv}) <> '' THEN NULL WHEN {sv} IS NOT NULL THEN 'an empty string' "
+            f"WHEN {iv} IS NOT NULL THEN 'the integer ' || {iv} "
+            f"WHEN {dv} IS NOT NULL THEN 'the number ' || CAST({dv} AS VARCHAR) "
+            f"WHEN {bv} IS NOT NULL THEN 'the boolean ' || CAST({bv} AS VARCHAR) "
+            f"WHEN a[{p}].value.arrayValue IS NOT NULL THEN 'a list' ELSE 'a value that is not a string' END"
+        )
     if typ == "VARCHAR":
         return f"coalesce({sv}, {iv}, CAST({dv} AS VARCHAR), CAST({bv} AS VARCHAR))"
     if typ == "BIGINT":
@@ -98,11 +114,17 @@ def otlp_spans_sql(
     fmt: str = "newline_delimited",
     compression: str = "auto",
     max_object_bytes: int = MAX_OBJECT_BYTES,
+    wrapper: str | None = None,
 ) -> str:
     """A SELECT yielding the spans table (columns of ``SPAN_COLUMNS``) for OTLP/JSON ``files``.
 
-    ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents).
+    ``fmt`` is DuckDB's ``format`` (``newline_delimited`` for lines, ``unstructured`` for documents);
+    ``wrapper`` (one of :data:`WRAPPERS`) is the key each object holds the export request under.
     """
+    if wrapper is not None and wrapper not in WRAPPERS:
+        raise ValueError(wrapper)
+    line_type = _LINE_TYPE if wrapper is None else f'{{"{wrapper}":{_LINE_TYPE}}}'
+    root = "x" if wrapper is None else f"x.{wrapper}"
     pivots: list[str] = []
     values: list[str] = []
     for col, (typ, keys) in ATTR_COLUMNS.items():
@@ -110,16 +132,16 @@ def otlp_spans_sql(
         for key in keys:
             values.append(f"list_position(ks, {sql_str(key)}) AS p{len(values)}")
             p = f"p{len(values) - 1}"
-            exprs.append(f"CASE WHEN {p} IS NOT NULL THEN {_pivot(typ, p)} END")
+            exprs.append(f"CASE WHEN {p} IS NOT NULL THEN {_pivot(typ, p, col)} END")
         pivots.append(f"{exprs[0] if len(exprs) == 1 else 'coalesce(' + ', '.join(exprs) + ')'} AS {col}")
     cols = ", ".join(SPAN_COLUMNS)
     return f"""
 WITH o AS (
-  SELECT filename AS file, json_transform(json, '{_LINE_TYPE}') AS x
+  SELECT filename AS file, json_transform(json, '{line_type}') AS x
   FROM {_objects(files, fmt, compression, max_object_bytes)}
 ), r AS (
-  SELECT file, CASE WHEN x.resourceSpans IS NULL
-    THEN list_append(list_filter(x.resourceSpans, lambda z: false), NULL) ELSE x.resourceSpans END AS rl
+  SELECT file, CASE WHEN {root}.resourceSpans IS NULL
+    THEN list_append(list_filter({root}.resourceSpans, lambda z: false), NULL) ELSE {root}.resourceSpans END AS rl
   FROM o
 ), r1 AS (
   SELECT file, unnest(rl) AS x FROM r
@@ -139,8 +161,9 @@ WITH o AS (
 ), s AS (
   SELECT file, service, unnest(spans) AS x FROM rb
 ), t AS (
-  SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.parentSpanId AS pid, x.name AS name,
-    x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a
+  SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.traceState AS tstate, x.parentSpanId AS pid,
+    x.name AS name, x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en,
+    x.attributes AS a, x.events AS ev
   FROM s
 ), u AS (
   SELECT *, list_transform(a, lambda x: x.key) AS ks, list_transform(a, lambda x: x.value.stringValue) AS sv,
@@ -154,7 +177,9 @@ WITH o AS (
     coalesce({_hex_id("pid")}, '') AS parent_span_id, name,
     {_enum("k", "SPAN_KIND_", _KINDS)} AS kind,
     st AS start_ns, en AS end_ns, service,
-    {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status,
+    {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status, nullif(tstate, '') AS trace_state,
+    CASE WHEN len(ev) > 0 THEN list_transform(ev, lambda e: {{'name': e.name, 'ns': e.timeUnixNano}}) END
+      AS events,
     {", ".join(pivots)}
   FROM w
 )

@@ -3,6 +3,16 @@
 One row per span. Times are Unix **nanoseconds**; attribute-derived durations keep the emitter's
 unit (**seconds**, OpenTelemetry convention) and are converted to milliseconds when the analysis
 relations are derived (see :mod:`stagescope.analysis.ingest.derive`).
+
+``events`` keeps a span's events (OTLP ``events``, Jaeger ``logs``, Zipkin ``annotations``) as
+``{name, ns}`` pairs (Unix ns), NULL for a span without any: servers that put their timestamps in
+events (Triton's OpenTelemetry mode, see :mod:`stagescope.analysis.ingest.triton_otel`) are read
+from them.
+
+``stage`` holds ``stagescope.stage`` only where it is a non-empty string (any name: a team's own
+stages are stages of their own); where the attribute is there with another value (an integer, a
+boolean, a list, an empty string) ``stage`` is NULL and ``stage_invalid`` describes the value, so
+the ingest can name the file in a warning instead of analysing a made-up stage name.
 """
 
 from __future__ import annotations
@@ -13,10 +23,12 @@ from stagescope import names
 
 __all__ = [
     "ATTR_COLUMNS",
+    "INVALID_COLUMNS",
     "KIND_CLIENT",
     "KIND_SERVER",
     "SPAN_COLUMNS",
     "SPAN_TABLE_DDL",
+    "STRING_ONLY",
 ]
 
 KIND_INTERNAL: Final = 1
@@ -26,14 +38,20 @@ KIND_CLIENT: Final = 3
 #: Attribute pivots: column -> (SQL type, attribute keys in order of preference).
 ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "stage": ("VARCHAR", (names.ATTR_STAGE,)),
+    "stage_kind": ("VARCHAR", (names.ATTR_STAGE_KIND,)),
+    "stage_invalid": ("VARCHAR", (names.ATTR_STAGE,)),
     "route": ("VARCHAR", ("http.route",)),
     "http_status": ("BIGINT", ("http.response.status_code", "http.status_code")),
-    "model": ("VARCHAR", (names.ATTR_MODEL, names.GENAI_REQUEST_MODEL, "gen_ai.response.model")),
+    "model": (
+        "VARCHAR",
+        (names.ATTR_MODEL, names.GENAI_REQUEST_MODEL, "gen_ai.response.model", names.TRITON_ATTR_MODEL_NAME),
+    ),
     "batch_size": ("BIGINT", (names.ATTR_BATCH_SIZE,)),
     "queue_depth": ("BIGINT", (names.ATTR_QUEUE_DEPTH,)),
     "input_hash": ("VARCHAR", (names.ATTR_INPUT_HASH,)),
     "cold_start": ("BOOLEAN", (names.ATTR_COLD_START,)),
     "is_client_attr": ("BOOLEAN", (names.ATTR_CLIENT,)),
+    "sampled_reason": ("VARCHAR", (names.ATTR_SAMPLED_REASON,)),
     "input_tokens": ("BIGINT", (names.GENAI_USAGE_INPUT_TOKENS, names.VLLM_ATTR_PROMPT_TOKENS)),
     "output_tokens": ("BIGINT", (names.GENAI_USAGE_OUTPUT_TOKENS, names.VLLM_ATTR_COMPLETION_TOKENS)),
     "e2e_s": ("DOUBLE", (names.VLLM_ATTR_E2E,)),
@@ -47,6 +65,12 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "gaps_s": ("DOUBLE[]", (names.ATTR_TOKEN_GAPS,)),
 }
 
+#: Columns that hold their attribute only where it is a non-empty string (NULL for other values).
+STRING_ONLY: Final[frozenset[str]] = frozenset({"stage", "stage_kind"})
+#: Columns that describe their attribute's value ("the integer 5", "an empty string") where it is
+#: present but not a non-empty string, and are NULL otherwise.
+INVALID_COLUMNS: Final[frozenset[str]] = frozenset({"stage_invalid"})
+
 #: Column -> SQL type of the flat spans table, in order.
 SPAN_COLUMNS: Final[dict[str, str]] = {
     "file": "VARCHAR",
@@ -59,6 +83,8 @@ SPAN_COLUMNS: Final[dict[str, str]] = {
     "end_ns": "BIGINT",
     "service": "VARCHAR",
     "otel_status": "INTEGER",  # 0 unset, 1 ok, 2 error
+    "events": "STRUCT(name VARCHAR, ns BIGINT)[]",  # NULL when the span has none
+    "trace_state": "VARCHAR",  # W3C tracestate (its ``ot`` entry's ``th``: the sampling probability)
     **{col: typ for col, (typ, _) in ATTR_COLUMNS.items()},
 }
 

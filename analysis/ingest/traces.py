@@ -1,10 +1,12 @@
 """Loading trace files into the ``spans`` table, with bad-file handling and per-file summaries.
 
-OTLP/JSON files (and stagescope's sink files) go through the DuckDB SQL path in groups; a group that
-fails is retried file by file, and a failing file is diagnosed line by line
+Each file goes to the reader that claims it (:mod:`~stagescope.analysis.ingest.readers`). OTLP/JSON
+files (stagescope's sink files, Jaeger v2's ``result`` envelope) go through the DuckDB SQL path in
+groups; a group that fails is retried file by file, and a failing file is diagnosed line by line
 (:mod:`~stagescope.analysis.ingest.check`). Bad input raises :class:`~stagescope.errors.UserError`
 naming the file and line, or with ``skip_bad`` becomes a warning: the bad lines are dropped and the
-file's good lines are still loaded.
+file's good lines are still loaded. Once every file is in, the span conventions (Triton's
+OpenTelemetry events) run over the spans.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ import duckdb
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, diagnose_otlp
 from stagescope.analysis.ingest.files import SniffedFile, expand_paths, sniff
 from stagescope.analysis.ingest.otlp import MAX_OBJECT_BYTES, otlp_spans_sql, sql_str
+from stagescope.analysis.ingest.readers import READERS, SPAN_CONVENTIONS, known_formats
 from stagescope.errors import UserError
+from stagescope.names import ATTR_STAGE, ATTR_STAGE_KIND, KIND_UNKNOWN, KINDS
 
 __all__ = ["FileSummary", "TraceLoader"]
 
 
 @dataclass
 class FileSummary:
-    """One input file: ``kind`` is otlp, sink, jaeger, prometheus or results."""
+    """One input file: ``kind`` is a trace reader's (otlp, sink, jaeger-v3, triton-trace, zipkin,
+    jaeger), prometheus or results."""
 
     path: str
     kind: str
@@ -49,6 +54,12 @@ _BAD_ROW = (
     "OR start_ns IS NULL OR end_ns IS NULL "
     f"OR start_ns < {MIN_NS} OR start_ns > {MAX_NS} OR end_ns < start_ns OR end_ns > {MAX_NS})"
 )
+#: A stage span whose kind attribute is a string outside the vocabulary (read as unknown).
+_ODD_KIND = (
+    "stage IS NOT NULL AND stage_kind IS NOT NULL AND stage_kind NOT IN ("
+    + ", ".join(sql_str(k) for k in (*KINDS, KIND_UNKNOWN))
+    + ")"
+)
 
 
 class TraceLoader:
@@ -60,11 +71,15 @@ class TraceLoader:
         self.skip_bad = skip_bad
         self.warnings: list[str] = []
         self.files: list[FileSummary] = []
+        self._otlp: list[SniffedFile] = []  # files read through the OTLP SQL path
+        self._wrapper: dict[str, str | None] = {}  # their envelope key (Jaeger v3: "result")
+        #: per file: (spans with a stage value that is not a non-empty string, an example of one,
+        #: stage spans with a kind outside the vocabulary, an example of one)
+        self._stage_values: dict[str, tuple[int, str | None, int, str | None]] = {}
 
     # ---------------------------------------------------------------- public
     def load(self, paths: Sequence[str | Path]) -> None:
-        groups: dict[tuple[bool, bool], list[SniffedFile]] = {}
-        jaeger: list[SniffedFile] = []
+        by_reader: dict[int, list[SniffedFile]] = {}
         for path in expand_paths(list(paths), warnings=self.warnings):
             try:
                 sf = sniff(path)
@@ -73,38 +88,43 @@ class TraceLoader:
                 continue
             if sf.kind == "empty":
                 self.bad(path, [Problem(1, "empty file, no spans")], "otlp")
-            elif sf.kind == "unknown":
-                self.bad(
-                    path,
-                    [Problem(1, "JSON of an unknown shape: neither OTLP resourceSpans nor Jaeger data")],
-                    "otlp",
-                )
-            elif sf.kind == "otlp-other":
-                self.files.append(FileSummary(str(path), "otlp", note="OTLP logs/metrics, no spans"))
-                self.warnings.append(f"{path}: OTLP logs or metrics, not traces: nothing read from it")
-            elif sf.kind == "jaeger":
-                jaeger.append(sf)
+            elif sf.reader is None:
+                self.bad(path, [Problem(1, f"JSON of an unknown shape: none of {known_formats()}")], "otlp")
             else:
-                groups.setdefault((sf.lines, sf.gzip), []).append(sf)
-        for (lines, gz), files in groups.items():
-            self._load_otlp_group(files, lines, gz)
-        if jaeger:
-            from stagescope.analysis.ingest.jaeger import load_jaeger_files
-
-            load_jaeger_files(self, jaeger)
+                by_reader.setdefault(id(sf.reader), []).append(sf)
+        for reader in READERS:
+            if id(reader) in by_reader:
+                reader.load(self, by_reader[id(reader)])
         stats = self._file_stats()
         if any(bad for _, _, bad in stats.values()):
-            self._validate_rows(groups, {f: bad for f, (_, _, bad) in stats.items() if bad})
-            stats = self._file_stats()
-        self._summarize(stats)
+            self._validate_rows({f: bad for f, (_, _, bad) in stats.items() if bad})
+        for convention in SPAN_CONVENTIONS:
+            convention(self)
+        self._summarize(self._file_stats())
 
     # ---------------------------------------------------------------- OTLP
-    def _insert_otlp(self, files: list[str], lines: bool, gz: bool, as_name: str | None = None) -> None:
+    def load_otlp(self, files: list[SniffedFile], wrapper: str | None = None) -> None:
+        """OTLP/JSON files (export requests under ``wrapper`` when given) through the SQL path, in
+        groups of the same layout (lines or document, gzip or not)."""
+        groups: dict[tuple[bool, bool], list[SniffedFile]] = {}
+        for f in files:
+            self.files.append(FileSummary(str(f.path), f.kind))
+            self._wrapper[str(f.path)] = wrapper
+            groups.setdefault((f.lines, f.gzip), []).append(f)
+        for (lines, gz), group in groups.items():
+            self._otlp.extend(group)
+            self._insert_or_split(group, lines, gz, wrapper)
+
+    def _insert_otlp(
+        self, files: list[str], lines: bool, gz: bool, wrapper: str | None, as_name: str | None = None
+    ) -> None:
         fmt = "newline_delimited" if lines else "unstructured"
         compression = "gzip" if gz else "none"
         size = MAX_OBJECT_BYTES
         while True:
-            sql = otlp_spans_sql(files, fmt=fmt, compression=compression, max_object_bytes=size)
+            sql = otlp_spans_sql(
+                files, fmt=fmt, compression=compression, max_object_bytes=size, wrapper=wrapper
+            )
             if as_name is not None:
                 sql = f"SELECT * REPLACE ({sql_str(as_name)} AS file) FROM ({sql})"
             try:
@@ -115,22 +135,17 @@ class TraceLoader:
                     raise
                 size *= 4
 
-    def _load_otlp_group(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
-        for f in files:
-            self.files.append(FileSummary(str(f.path), f.kind))
-        self._insert_or_split(files, lines, gz)
-
-    def _insert_or_split(self, files: list[SniffedFile], lines: bool, gz: bool) -> None:
+    def _insert_or_split(self, files: list[SniffedFile], lines: bool, gz: bool, wrapper: str | None) -> None:
         """Insert a group of files; when DuckDB fails, bisect to the bad files and diagnose them."""
         try:
-            self._insert_otlp([str(f.path) for f in files], lines, gz)
+            self._insert_otlp([str(f.path) for f in files], lines, gz, wrapper)
         except duckdb.Error as exc:
             if len(files) == 1:
                 self._recover(files[0], str(exc).splitlines()[0])
                 return
             half = len(files) // 2
-            self._insert_or_split(files[:half], lines, gz)
-            self._insert_or_split(files[half:], lines, gz)
+            self._insert_or_split(files[:half], lines, gz, wrapper)
+            self._insert_or_split(files[half:], lines, gz, wrapper)
 
     def _recover(self, f: SniffedFile, duckdb_error: str = "") -> None:
         """Diagnose a file the SQL path choked on (or left invalid rows of); raise, or (skip_bad) load
@@ -141,6 +156,7 @@ class TraceLoader:
             lines=f.lines,
             good_out=clean if self.skip_bad else None,
             limit=1000 if self.skip_bad else 1,
+            wrapper=self._wrapper.get(str(f.path)),
         )
         if not problems:
             detail = f": {duckdb_error}" if duckdb_error else ""
@@ -151,24 +167,27 @@ class TraceLoader:
     def _file_stats(self) -> dict[str, tuple[int, bool, int]]:
         """Per file: spans, whether any carries stage information, spans with bad ids or times."""
         rows = self.con.execute(
-            f"SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}) FROM spans GROUP BY file"
+            f"""SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}), count(stage_invalid),
+                       any_value(stage_invalid), count_if({_ODD_KIND}), any_value(stage_kind) FILTER ({_ODD_KIND})
+                FROM spans GROUP BY file"""
         ).fetchall()
+        self._stage_values = {r[0]: (int(r[4]), r[5], int(r[6]), r[7]) for r in rows}
         return {r[0]: (int(r[1]), bool(r[2]), int(r[3])) for r in rows}
 
-    def _validate_rows(
-        self, groups: dict[tuple[bool, bool], list[SniffedFile]], bad_files: dict[str, int]
-    ) -> None:
-        for files in groups.values():
-            for f in files:
-                if str(f.path) in bad_files:
-                    self.con.execute("DELETE FROM spans WHERE file = ?", [str(f.path)])
-                    self._recover(f)
-        for name in sorted(set(bad_files) - {str(f.path) for fs in groups.values() for f in fs}):
+    def _validate_rows(self, bad_files: dict[str, int]) -> None:
+        """Files that left spans without valid ids or plausible times: OTLP files are diagnosed line by
+        line (and their good lines kept with ``skip_bad``), the others reported as a whole."""
+        for f in self._otlp:
+            if str(f.path) in bad_files:
+                self.con.execute("DELETE FROM spans WHERE file = ?", [str(f.path)])
+                self._recover(f)
+        for name in sorted(set(bad_files) - {str(f.path) for f in self._otlp}):
             self.con.execute("DELETE FROM spans WHERE file = ?", [name])
+            kind = next((s.kind for s in self.files if s.path == name), "jaeger")
             self.bad(
                 Path(name),
                 [Problem(1, f"{bad_files[name]} spans without valid ids or plausible times")],
-                "jaeger",
+                kind,
             )
 
     # ---------------------------------------------------------------- bad input
@@ -190,7 +209,7 @@ class TraceLoader:
             summary = FileSummary(str(path), kind)
             self.files.append(summary)
         if good_lines is not None:
-            self._insert_otlp([str(good_lines)], True, False, as_name=str(path))
+            self._insert_otlp([str(good_lines)], True, False, self._wrapper.get(str(path)), as_name=str(path))
             summary.note = f"{len(problems)} bad lines skipped"
             self.warnings.append(
                 f"skipped bad lines: {message}; the other lines were read (requests and stages on the bad "
@@ -210,3 +229,15 @@ class TraceLoader:
         for s in self.files:
             n, staged, _ = stats.get(s.path, (0, False, 0))
             s.spans, s.has_stage_info = n, staged
+            invalid, example, odd, odd_example = self._stage_values.get(s.path, (0, None, 0, None))
+            if invalid:
+                self.warnings.append(
+                    f"{s.path}: {invalid} spans whose {ATTR_STAGE} is not a non-empty string (e.g. {example}): "
+                    "not read as stages, so their time counts as unattributed"
+                )
+            if odd:
+                self.warnings.append(
+                    f"{s.path}: {odd} stage spans whose {ATTR_STAGE_KIND} is not a stage kind (e.g. "
+                    f"{odd_example!r}; kinds are {', '.join(KINDS)}): read as the kind their stage name "
+                    f"implies, else {KIND_UNKNOWN}"
+                )

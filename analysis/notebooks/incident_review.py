@@ -94,7 +94,8 @@ attribution
 # %%
 levers = pl.DataFrame(
     report["levers"],
-    schema={"lever": pl.String, "stage": pl.String, "predicted_p99_ms": pl.Float64, "rationale": pl.String},
+    schema={"lever": pl.String, "stage": pl.String, "kind": pl.String, "predicted_p99_ms": pl.Float64,
+            "rationale": pl.String},
 )
 levers
 

@@ -4,8 +4,10 @@ Teams already have dashboards and alerts on dcgm-exporter's names; its 30 s defa
 coarse to line up with a p99 spike. This exporter reads NVML (nvidia-ml-py's ``pynvml``) and serves:
 
 - every field of dcgm-exporter's counters CSV that NVML can provide, with its name, type, unit and
-  labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` (plus the CSV's
-  ``label`` fields such as ``DCGM_FI_DRIVER_VERSION``); see :mod:`.fields` for the field table;
+  labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``hostname`` as dcgm-exporter
+  HEAD writes them (``Hostname``, as its releases up to 4.5.3-4.8.2 do, with
+  ``--legacy-hostname-label``), plus the CSV's ``label`` fields such as ``DCGM_FI_DRIVER_VERSION``;
+  see :mod:`.fields` for the field table;
 - per process (``pid``): GPU memory and utilization, so a service can be matched to its GPU;
 - ``stagescope_gpu_utilization_window_{max,mean}_percent``: utilization sampled every ``--interval``
   (0.1 s) from NVML's sample buffer or by polling, over the last ``--window`` seconds, so a 15 s scrape

@@ -97,8 +97,10 @@ class GpuCollector(Collector):
 
     ``nvml``: the NVML module (``pynvml``) or a stand-in, already initialised unless ``init=True``;
     ``None`` loads the real one with :func:`load_nvml`. ``counters``: the dcgm-exporter counters to
-    publish (default: stagescope's ``counters.csv``). ``hostname``: the ``Hostname`` label (default:
-    ``$NODE_NAME`` as dcgm-exporter reads it, else this machine's name). ``interval_s``/``window_s``:
+    publish (default: stagescope's ``counters.csv``). ``hostname``: the host label's value (default:
+    ``$NODE_NAME`` as dcgm-exporter reads it, else this machine's name); ``hostname_label``: its key,
+    ``hostname`` as dcgm-exporter HEAD writes it, or ``Hostname`` (its releases up to 4.5.3-4.8.2) for
+    dashboards written against those. ``interval_s``/``window_s``:
     the sampler's period and window (seconds); ``start_sampler=False`` leaves the sampler to the caller
     (``collector.sampler.sample_once()``). ``registry``: registered there when given.
     """
@@ -110,6 +112,7 @@ class GpuCollector(Collector):
         init: bool = True,
         counters: Sequence[CounterSpec] | None = None,
         hostname: str | None = None,
+        hostname_label: str = names.DCGM_LABEL_HOSTNAME,
         interval_s: float = 0.1,
         window_s: float = 15.0,
         start_sampler: bool = True,
@@ -119,7 +122,11 @@ class GpuCollector(Collector):
         import os
 
         self.counters = list(counters) if counters is not None else load_counters_csv()
+        if hostname_label not in (names.DCGM_LABEL_HOSTNAME, names.DCGM_LABEL_HOSTNAME_LEGACY):
+            raise ValueError(f"hostname_label must be {names.DCGM_LABEL_HOSTNAME!r} or "
+                             f"{names.DCGM_LABEL_HOSTNAME_LEGACY!r}, got {hostname_label!r}")  # fmt: skip
         self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
+        self.hostname_label = hostname_label
         self.window_s = window_s
         self.clock = clock
         self.nvml: Any = None
@@ -188,7 +195,7 @@ class GpuCollector(Collector):
                 "pci_bus_id": _text(n.nvmlDeviceGetPciInfo(h).busId),
                 "device": f"nvidia{int(n.nvmlDeviceGetMinorNumber(h))}",
                 "modelName": _text(n.nvmlDeviceGetName(h)),
-                "Hostname": self.hostname,
+                self.hostname_label: self.hostname,
             }
         except Exception as exc:
             log.warning(

@@ -22,7 +22,8 @@ DCGM_FI_DEV_FB_FREE / USED / RESERVED  MiB       nvmlDeviceGetMemoryInfo(version
 DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL     count     nvmlDeviceGetFieldValues(NVLINK_BANDWIDTH_C0_TOTAL)
 DCGM_FI_DEV_*REMAPPED_ROWS, ROW_REMAP_FAILURE    nvmlDeviceGetRemappedRows
 DCGM_FI_PROF_PCIE_TX_BYTES / RX_BYTES  bytes/s   nvmlDeviceGetPcieThroughput (KB/s) * 1024
-DCGM_FI_DEV_CLOCK_THROTTLE_REASONS     bitmask   nvmlDeviceGetCurrentClocksEventReasons
+DCGM_FI_DEV_CLOCKS_EVENT_REASONS       bitmask   nvmlDeviceGetCurrentClocksEventReasons (also
+  (before DCGM 3.3: _CLOCK_THROTTLE_REASONS)     under the old name, for CSVs that list it)
 DCGM_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL count  nvmlDeviceGetTotalEccErrors
 DCGM_FI_PROF_GR_ENGINE_ACTIVE,         ratio     NVML GPM (Hopper and newer), see gpm.py
   PIPE_TENSOR_ACTIVE, DRAM_ACTIVE
@@ -38,6 +39,7 @@ them against ``pynvml``) so this module imports without ``pynvml`` installed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,8 @@ NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 MIB = 1024 * 1024
+_MAX_CSV_BYTES = MIB
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,16 @@ def parse_counters_csv(text: str, source: str = "<counters>") -> list[CounterSpe
         if len(parts) < 2 or not parts[0]:
             raise UserError(f"{source}:{lineno}: expected 'DCGM FIELD, type, help', got {raw!r}")
         name, typ = parts[0], parts[1].lower()
+        if not _METRIC_NAME.fullmatch(name):
+            raise UserError(f"{source}:{lineno}: {name[:80]!r} is not a field name (letters, digits, '_')")
         if typ not in METRIC_TYPES:
             raise UserError(f"{source}:{lineno}: unknown metric type {parts[1]!r} (one of {METRIC_TYPES})")
         if name in seen:
             raise UserError(f"{source}:{lineno}: field {name} listed twice")
         seen.add(name)
         out.append(CounterSpec(name, typ, parts[2] if len(parts) > 2 else "", lineno))
+    if not any(c.type != "label" for c in out):
+        raise UserError(f"{source}: no counters to publish (rows 'DCGM FIELD, gauge|counter, help')")
     return out
 
 
@@ -121,9 +129,16 @@ def load_counters_csv(path: str | Path | None = None) -> list[CounterSpec]:
     """Read a counters CSV (default: :data:`DEFAULT_COUNTERS_CSV`)."""
     p = Path(path) if path is not None else DEFAULT_COUNTERS_CSV
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            data = f.read(_MAX_CSV_BYTES + 1)
     except OSError as exc:
         raise UserError(f"{p}: cannot read counters CSV ({exc.strerror or exc})") from None
+    if len(data) > _MAX_CSV_BYTES:
+        raise UserError(f"{p}: larger than 1 MiB; not a counters CSV")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not UTF-8 text (byte {exc.start}); expected a dcgm-exporter counters CSV") from None
     return parse_counters_csv(text, str(p))
 
 
@@ -192,6 +207,7 @@ READERS: dict[str, Reader] = {
     names.DCGM_ROW_REMAP_FAILURE: _remapped(3),
     names.DCGM_PCIE_TX_BYTES: lambda n, h: n.nvmlDeviceGetPcieThroughput(h, NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
     names.DCGM_PCIE_RX_BYTES: lambda n, h: n.nvmlDeviceGetPcieThroughput(h, NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+    names.DCGM_CLOCKS_EVENT_REASONS: _throttle,
     names.DCGM_CLOCK_THROTTLE_REASONS: _throttle,
     names.DCGM_ECC_SBE_VOL_TOTAL: _ecc(NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
     names.DCGM_ECC_DBE_VOL_TOTAL: _ecc(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),

@@ -1,0 +1,129 @@
+"""The LLM levers' effect models: inter-token gaps (decode) and time to first token (prefill).
+
+* ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
+  time (gap = a + b * running, ``running`` = the stream's mean running batch) reaches half the
+  threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
+  scatter around the fit among the streams with the smallest running batch (interference from
+  prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+* ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
+  the step in progress and their own step, each carrying one chunk (:data:`CHUNK_TOKENS`).
+
+Gaps of sampled streams count ``w`` times (the SLI view's weights), breakdown rows by the
+attribution's weights (analysis.weighting). analysis.counterfactual dispatches to these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from stagescope import names as N
+from stagescope.analysis import intervals as I
+from stagescope.analysis.attribution import Attribution
+from stagescope.analysis.breach import SLIView
+from stagescope.analysis.breakdown import with_columns
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
+from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
+
+__all__ = ["CHUNK_TOKENS", "chunked_prefill", "gap_prediction"]
+
+#: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
+CHUNK_TOKENS = 256
+
+
+def gap_prediction(
+    con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
+) -> tuple[float | None, str]:
+    q = view.slo.quantile
+    w = view.weight
+    src = (
+        f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
+        "USING (trace_id)"
+    )
+    if lever == N.LEVER_SPECULATIVE_DECODING:
+        return _q(
+            con, view.name, "value_ms * 0.5", q, weight=w
+        ), "decode gaps halved (speculative decoding, typical 2x)"
+    if w is None:
+        row = con.execute(
+            f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
+        ).fetchone()
+    else:
+        slope_w = weighted_slope(con, src, "value_ms", "running", w)
+        got = con.execute(
+            f"""SELECT sum(w * value_ms) / sum(w), sum(w * running) / sum(w), count(running)
+                FROM {src} WHERE running IS NOT NULL AND value_ms IS NOT NULL"""
+        ).fetchone()
+        row = (
+            None
+            if got is None or slope_w is None or got[0] is None
+            else (slope_w, float(got[0]) - slope_w * float(got[1]), got[2])
+        )
+    if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
+        slope, icpt = float(row[0]), float(row[1])
+        cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
+        # scatter around the fit where the running batch varies least (its lowest decile): the
+        # interference (prefills joining a step) that remains once the batch is pinned at the cap
+        low = f"(SELECT * FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src}))"
+        # the scatter's quantile carries the prediction's interval (the fit held fixed)
+        res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
+        scatter = max(0.0, float(res)) if res is not None else 0.0
+        before = _q(con, view.name, "value_ms", q, weight=w)
+        step = icpt + slope * cap
+        pred = step + scatter
+        lo, hi = res.interval if res is not None else (None, None)
+        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
+        if before is not None and pred > before:  # capping never makes gaps slower than they were
+            pred, ends = float(before), list(before.interval)
+        return (
+            I.estimate(pred, (ends[0], ends[1]), res.method if res is not None else I.METHOD_ORDER,
+                       res.samples if res is not None else 0.0),
+            f"running decode batch capped at {cap:.0f} streams, where the fitted step "
+            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
+            f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
+        )
+    base = _q(con, view.name, "value_ms", 0.5, weight=w)
+    if base is None:
+        return None, "no gaps"
+    return _q(
+        con, view.name, f"least(value_ms, {base * 1.5!r})", q, weight=w
+    ), "slow gaps capped at 1.5x the median gap"
+
+
+def chunked_prefill(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+) -> tuple[float | None, str] | None:
+    """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
+    behind a long prefill for more than the step in progress plus its own step, each of which now
+    carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
+    the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
+    cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
+    # on a sampled breakdown (which over-represents the tail) every statistic is weighted by stratum
+    w = attr.weight or "1.0"
+    src = with_columns(f"input_tokens AS tokens, itl_mean_ms AS itl, {w} AS w")
+    bucketed = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src})"  # power-of-two buckets
+    kq = f"(SELECT * FROM {bucketed} WHERE tokens IS NOT NULL)"
+    intrinsic = (
+        f"(SELECT g AS k, value AS intrinsic FROM ({weighted_quantile_sql(kq, col, 0.1, 'w', by='k')}))"
+    )
+    row = con.execute(
+        f"""WITH t AS (SELECT k, sum(w * tokens) / sum(w) AS t FROM {kq} WHERE w > 0 GROUP BY k)
+            SELECT regr_slope(i.intrinsic, t.t), count(*) FROM {intrinsic} i JOIN t USING (k)"""
+    ).fetchone()
+    if row is None or row[1] is None or row[1] < 2 or row[0] is None or row[0] <= 0:
+        return None
+    per_token, gap = float(row[0]), weighted_quantile(con, src, "itl", 0.5, "w") or 0.0
+    step = gap + CHUNK_TOKENS * per_token
+    pred = _q(
+        con,
+        f"{bucketed} LEFT JOIN {intrinsic} USING (k)",
+        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
+        view.slo.quantile,
+        attr,
+    )
+    return pred, (
+        f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
+        f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
+        f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
+    )
