@@ -67,7 +67,7 @@ def quantile_estimates(
         got = dict(zip(flat, row[0] if row and row[0] else [None] * len(flat), strict=True))
         return {k: estimate(got[qs[k]], _pick(got, ends[k]), METHOD_ORDER, n, digits) for k in keys}
     vals = dict(zip(keys, weighted_quantiles(con, src, expr, [qs[k] for k in keys], weight), strict=True))
-    sums = [f"sum({weight})"] + [
+    sums = [f"sum(CAST(({weight}) AS DOUBLE))"] + [
         "NULL" if (v := vals[k]) is None else woodruff_sum_sql(expr, weight, qs[k], float(v)) for k in keys
     ]
     row = con.execute(f"SELECT {', '.join(sums)} FROM {src} WHERE ({expr}) IS NOT NULL").fetchone()
@@ -131,7 +131,7 @@ def window_intervals(
     z = f"(CASE WHEN s.value_ms <= h.qv THEN {1.0 - q!r} ELSE {-q!r} END)"
     rows = con.execute(
         f"""WITH h(w, qv) AS (VALUES {vals}),
-                 s AS (SELECT {bucket} AS w, value_ms, {weight} AS wt FROM {src})
+                 s AS (SELECT {bucket} AS w, value_ms, CAST({weight} AS DOUBLE) AS wt FROM {src})
             SELECT s.w, sum(s.wt), sum(s.wt * (s.wt - 1.0) * {z} * {z}) FROM s JOIN h USING (w) GROUP BY 1"""
     ).fetchall()
     lv = {w: levels(effective_n(float(t or 0.0), float(d or 0.0), q), q) for w, t, d in rows}
@@ -192,7 +192,8 @@ def breakdown_estimate(
     if value is None:
         return None
     row = con.execute(
-        f"SELECT sum({wt}) FILTER (WHERE ({expr}) IS NOT NULL), {woodruff_sum_sql(expr, wt, q, value)} FROM {src}"
+        f"SELECT sum(CAST(({wt}) AS DOUBLE)) FILTER (WHERE ({expr}) IS NOT NULL), "
+        f"{woodruff_sum_sql(expr, wt, q, value)} FROM {src}"
     ).fetchone()
     n_eff = effective_n(float(row[0] or 0.0), float(row[1] or 0.0), q) if row else 0.0
     lo, hi = levels(n_eff, q)

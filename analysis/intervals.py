@@ -150,7 +150,8 @@ def woodruff_sum_sql(expr: str, weight: str, q: float, q_value: float) -> str:
     """SQL aggregate: ``sum w (w - 1) (1{expr <= q̂} - q)^2``, the Horvitz-Thompson sampling
     variance of the weighted count at or below the estimate ``q_value`` (see :func:`effective_n`)."""
     z = f"(CASE WHEN ({expr}) <= {q_value!r} THEN {1.0 - q!r} ELSE {-q!r} END)"
-    return f"sum(({weight}) * (({weight}) - 1.0) * {z} * {z}) FILTER (WHERE ({expr}) IS NOT NULL)"
+    w = f"CAST(({weight}) AS DOUBLE)"  # a DECIMAL weight would overflow DuckDB's decimal scale
+    return f"sum({w} * ({w} - 1.0) * {z} * {z}) FILTER (WHERE ({expr}) IS NOT NULL)"
 
 
 def effective_n(total_weight: float, design_sum: float, q: float) -> float:
