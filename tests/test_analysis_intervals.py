@@ -175,3 +175,26 @@ def test_a_short_run_is_called_inconclusive() -> None:
     assert rep["quantile_interval"]["conclusive"] is False
     assert "too few samples" in rep["quantile_interval"]["why"]
     assert "inconclusive" in to_text(rep)
+
+
+def test_sampled_traces_get_intervals_that_account_for_the_sampling() -> None:
+    """stagescope's default sampling (every slow request, 1 % of the rest: tests/test_analysis_sampling):
+    the report's intervals are Woodruff's on the Horvitz-Thompson weights; they hold the quantiles
+    of all the traces, and the p50's (where 1 % of the requests were kept) is much wider than the
+    interval of all the traces' p50: the weights are not taken as that many samples."""
+    from test_analysis_sampling import incident, sample
+
+    con, data = incident("slow-feature-store", n=8000)
+    truth = analyze(con, data.scenario.slo)
+    sample(con)
+    rep = analyze(con, data.scenario.slo)
+    assert rep["sampling"]["weighted"]
+    qi = rep["quantile_interval"]
+    assert qi["method"] == I.METHOD_WEIGHTED and 0 < qi["samples"] < 8000
+    lo, hi = rep["quantile_interval_ms"]
+    assert lo <= truth["quantile_ms"] <= hi
+    a, b = rep["latency_interval_ms"]["p50"]
+    assert a <= truth["latency_ms"]["p50"] <= b
+    ta, tb = truth["latency_interval_ms"]["p50"]
+    assert truth["quantile_interval"]["method"] == I.METHOD_ORDER
+    assert (b - a) > 3 * (tb - ta), ((a, b), (ta, tb))
