@@ -19,6 +19,7 @@ import duckdb
 
 from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
+from stagescope.analysis import context as CX
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
@@ -256,6 +257,7 @@ def _analyze_one(
         "warnings": warns,
         "sources": _sources(view),
         "sampling": _sampling(view),
+        **(CX.quantile_fields(qs, view) if view.count else CX.empty_fields()),
     }
     if "client_latency_ms" in view.sampling:
         report["client_latency_ms"] = view.sampling["client_latency_ms"]
@@ -302,6 +304,7 @@ def _analyze_one(
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
         warns += _unstaged(con, view, attr, report["verdict"])
+    CX.annotate(con, report, view, attr, ev)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)

@@ -72,9 +72,9 @@ from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
 from stagescope.analysis.llm_levers import CHUNK_TOKENS, chunked_prefill, gap_prediction
-from stagescope.analysis.weighting import breakdown_quantile as _q
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [

@@ -19,10 +19,11 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import intervals as I
 from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.breakdown import with_columns
-from stagescope.analysis.weighting import breakdown_quantile as _q
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = ["CHUNK_TOKENS", "chunked_prefill", "gap_prediction"]
@@ -64,27 +65,20 @@ def gap_prediction(
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
         # scatter around the fit where the running batch varies least (its lowest decile): the
         # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        low = f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"
-        if w is None:
-            res = con.execute(
-                f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
-                    FROM {src} WHERE {low}"""
-            ).fetchone()
-        else:
-            res = (
-                weighted_quantile(
-                    con,
-                    f"(SELECT * FROM {src} WHERE {low})",
-                    f"value_ms - ({icpt!r} + {slope!r} * running)",
-                    q,
-                    w,
-                ),
-            )
-        scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
+        low = f"(SELECT * FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src}))"
+        # the scatter's quantile carries the prediction's interval (the fit held fixed)
+        res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
+        scatter = max(0.0, float(res)) if res is not None else 0.0
         before = _q(con, view.name, "value_ms", q, weight=w)
-        pred = icpt + slope * cap + scatter
+        step = icpt + slope * cap
+        pred = step + scatter
+        lo, hi = res.interval if res is not None else (None, None)
+        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
+        if before is not None and pred > before:  # capping never makes gaps slower than they were
+            pred, ends = float(before), list(before.interval)
         return (
-            round(pred if before is None else min(pred, before), 3),
+            I.estimate(pred, (ends[0], ends[1]), res.method if res is not None else I.METHOD_ORDER,
+                       res.samples if res is not None else 0.0),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
             f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",

@@ -31,7 +31,7 @@ import duckdb
 from stagescope import names as N
 from stagescope.analysis.ingest.engine_metrics import vllm_stage_means
 
-__all__ = ["trace_coverage", "triton_breakdown", "vllm_stage_means"]
+__all__ = ["increase", "trace_coverage", "triton_breakdown", "vllm_stage_means"]
 
 _TRITON_PARTS = {
     "queue": N.TRITON_QUEUE_DURATION_US,
@@ -42,7 +42,9 @@ _TRITON_PARTS = {
 }
 
 
-def _increase(points: list[tuple[int | None, float | None]]) -> float | None:
+def increase(points: list[tuple[int | None, float | None]]) -> float | None:
+    """A counter's increase over its points ``(ts_ms, value)`` (a reset counts as a restart from zero,
+    as PromQL's ``increase`` does); for a snapshot without timestamps, its value."""
     vals = [(t, v) for t, v in points if v is not None]
     if not vals:
         return None
@@ -68,7 +70,7 @@ def _series(
     )
     for metric, source, labels, ts, value in rows:
         pts[(source, *labels)][metric].append((ts, value))
-    return {k: {m: _increase(p) for m, p in by_metric.items()} for k, by_metric in pts.items()}
+    return {k: {m: increase(p) for m, p in by_metric.items()} for k, by_metric in pts.items()}
 
 
 def _per_request(total: float | None, n: float | None, scale: float) -> float | None:
