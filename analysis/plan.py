@@ -33,6 +33,7 @@ from stagescope import names as N
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
+from stagescope.analysis.engine_levers import output_cap
 from stagescope.analysis.llm_levers import batch_cap
 from stagescope.analysis.weighting import breakdown_quantile, recording
 
@@ -67,6 +68,9 @@ def _setting(
         if m is not None:
             return f"executors {m['executors']:.0f} -> {2 * m['executors']:.0f}"
         return "autoscale on queue depth (the queue's tail at its baseline's)"
+    if lever == N.LEVER_CAP_OUTPUT_TOKENS and view.per_request:
+        cap = output_cap(con, view, attr)
+        return None if cap is None else f"max output tokens -> {cap:.0f}"
     if lever == N.LEVER_CAP_BATCH_WAIT:
         return f"max batch wait -> {C.batch_wait_cap_ms(ev):g} ms"
     return None
