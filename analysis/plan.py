@@ -166,6 +166,8 @@ def build_plan(
             })  # fmt: skip
             if pred is not None and pred <= thr:
                 return steps, N.PLAN_MET, None
+        if pred is None:  # no step: the gap is the SLO quantile's own
+            pred = breakdown_quantile(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
         left = _left(con, view, attr, ev, pred)
         left["skipped"] = skipped
         return steps, N.PLAN_NOT_MET, left

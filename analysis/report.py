@@ -11,6 +11,7 @@ import html
 import json
 from typing import Any
 
+from stagescope.analysis.plan_report import plan_html, plan_lines
 from stagescope.names import (
     KIND_UNKNOWN,
     SOURCE_CLIENT_RESULTS,
@@ -160,6 +161,7 @@ def to_text(report: dict[str, Any]) -> str:
                 + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
             )
             out.append(f"  {lv['rationale']}")
+    out += plan_lines(report)
     out += counter_lines(report)
     out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
@@ -344,6 +346,7 @@ def to_html(report: dict[str, Any]) -> str:
         _table(["lever", "stage", "predicted", "rationale"], lever_rows)
         if lever_rows
         else f"<p>{_no_lever(report)}</p>",
+        plan_html(report),
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",

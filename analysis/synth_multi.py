@@ -59,7 +59,9 @@ class MultiIncident:
             if lever == N.LEVER_SCALE_OUT:
                 p["queue"] = p["queue_normal"]
             elif lever == N.LEVER_REDUCE_BATCH_TOKENS and setting is not None:
-                p["prefill"] = (EXEC_FIXED_MS + EXEC_PER_TOKEN_MS * np.minimum(p["tokens"], setting)) * p["noise"]
+                p["prefill"] = (EXEC_FIXED_MS + EXEC_PER_TOKEN_MS * np.minimum(p["tokens"], setting)) * p[
+                    "noise"
+                ]
             elif lever == N.LEVER_CAP_OUTPUT_TOKENS and setting is not None:
                 keep = int(setting) - 1
                 p["decode"] = np.array([g[:keep].sum() for g in self.gaps])
@@ -94,7 +96,9 @@ def _ids(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     return trace, np.array([t[:16] for t in trace])
 
 
-def _layout(trace: np.ndarray, start_ns: np.ndarray, durs: list[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def _layout(
+    trace: np.ndarray, start_ns: np.ndarray, durs: list[tuple[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
     """Stage spans one after another from each request's start (ms durations)."""
     n = len(trace)
     off = np.zeros(n)
@@ -120,7 +124,9 @@ def _llm(name: str, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> 
     busy = ((t / dur_s * 4) % 1.0) < (0.2 if seed else 0.15)
     queue_normal = rng.exponential(20.0 / 3.0 if seed else 5.0, n)  # seed: queue p95 ~20 ms
     queue = np.where(busy, (200.0 if seed else 1000.0) * np.exp(rng.normal(0, 0.03, n)), queue_normal)
-    tokens = np.where(busy, 256, rng.integers(64, 129, n)).astype(float) if seed else 8.0 + rng.integers(-2, 3, n)
+    tokens = (
+        np.where(busy, 256, rng.integers(64, 129, n)).astype(float) if seed else 8.0 + rng.integers(-2, 3, n)
+    )
     noise = np.exp(rng.normal(0, 0.02, n))
     prompt = np.clip(_ln(rng, 500, 0.4, n), 16, 4000).astype(int)
     if seed:
@@ -147,7 +153,9 @@ def _llm(name: str, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> 
     durs += [(N.STAGE_QUEUE, queue), (N.STAGE_PREFILL, prefill), (N.STAGE_DECODE, decode)]
     owner = np.concatenate([np.full(len(g), i) for i, g in enumerate(gaps)])
     sc = Scenario(name, route, slo, None, plan[0])
-    data = SynthData(sc, req, _layout(trace, start_ns, durs), {"trace_id": trace[owner], "gap_ms": np.concatenate(gaps)})
+    data = SynthData(
+        sc, req, _layout(trace, start_ns, durs), {"trace_id": trace[owner], "gap_ms": np.concatenate(gaps)}
+    )
     parts = {N.STAGE_GATEWAY: gateway, "queue": queue, "queue_normal": queue_normal, "prefill": prefill,
              "tokens": tokens, "noise": noise}  # fmt: skip
     if not seed:  # end to end: decode and the time outside any stage count
