@@ -92,7 +92,7 @@ def _apply(con: duckdb.DuckDBPyConnection, attr: Attribution, src: str, expr: st
     keep = ", ".join(["trace_ref", "start_unix_ns"])
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_plan_step AS
-        SELECT b.* REPLACE ({", ".join(new + [f"b.value_ms - ss_cut AS value_ms"])})
+        SELECT b.* REPLACE ({", ".join([*new, "b.value_ms - ss_cut AS value_ms"])})
         FROM (SELECT {BREAKDOWN}.*, n.ss_cut FROM {BREAKDOWN} JOIN (
                   SELECT {keep}, {parts[0]} FROM {src}) n USING ({keep})) b"""
     )

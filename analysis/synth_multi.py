@@ -149,7 +149,7 @@ def _llm(name: str, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> 
         "batch_size": tokens, "queue_depth": np.where(busy, 40, rng.poisson(2, n)).astype(float),
         "input_hash": np.array([f"p{i:08x}" for i in rng.integers(0, 2**31, n)]), "cold_start": np.zeros(n, bool),
     }  # fmt: skip
-    durs = [(N.STAGE_GATEWAY, gateway)] if seed else []
+    durs: list[tuple[str, np.ndarray]] = [(N.STAGE_GATEWAY, gateway)] if seed else []
     durs += [(N.STAGE_QUEUE, queue), (N.STAGE_PREFILL, prefill), (N.STAGE_DECODE, decode)]
     owner = np.concatenate([np.full(len(g), i) for i, g in enumerate(gaps)])
     sc = Scenario(name, route, slo, None, plan[0])
@@ -183,7 +183,7 @@ def _predict(rng: np.random.Generator, n: int, t0: int, dur_s: float) -> MultiIn
     _, first = np.unique(hashes, return_index=True)
     repeat = np.ones(n)
     repeat[first] = 0.0
-    duration = sum(d.values()) + 0.3
+    duration = np.sum(np.stack(list(d.values())), axis=0) + 0.3
     trace, span = _ids(rng, n)
     req = {
         "trace_id": trace, "span_id": span, "route": np.full(n, route), "model": np.full(n, "resnet"),

@@ -29,9 +29,9 @@ import duckdb
 from stagescope.analysis.keys import has_columns
 
 __all__ = [
-    "recording",
     "breakdown_quantile",
     "mean_sql",
+    "recording",
     "sampling_kind_sql",
     "sampling_weight_sql",
     "stratum_weights",
