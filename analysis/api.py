@@ -24,6 +24,7 @@ from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
+from stagescope.analysis import plan as P
 from stagescope.analysis import routes as R
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
@@ -253,6 +254,8 @@ def _analyze_one(
         "attribution": [],
         "verdict": None,
         "levers": [],
+        "plan": [],
+        "plan_status": None,
         "windows": ev_res["windows"],
         "warnings": warns,
         "sources": _sources(view),
@@ -303,6 +306,9 @@ def _analyze_one(
     if breached:
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
+        report["plan"], report["plan_status"], left = P.build_plan(con, view, attr, ev, report["levers"])
+        if left is not None:
+            report["plan_left"] = left
         warns += _unstaged(con, view, attr, report["verdict"])
     CX.annotate(con, report, view, attr, ev)
     report["cdf"] = _cdf(con, view)

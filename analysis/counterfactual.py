@@ -40,6 +40,8 @@ Model (stated, with its limits):
     threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
     scatter around the fit among the streams with the smallest running batch (interference from
     prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+  - ``reduce-batch-tokens`` (per-request SLIs): the stage's time fitted on the batch size, the cap
+    halved from the largest batch; requests over it lose the fitted time beyond it;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
     the step in progress and their own step, each carrying one 256-token chunk (these two LLM
     models live in analysis.llm_levers);
@@ -74,7 +76,7 @@ from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
-from stagescope.analysis.llm_levers import CHUNK_TOKENS, chunked_prefill, gap_prediction
+from stagescope.analysis.llm_levers import CHUNK_TOKENS, batch_cap, chunked_prefill, gap_prediction
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [
@@ -339,6 +341,10 @@ def lever_prediction(
         got = _offload(con, view, attr, col, stage)
         if got is not None:
             return got
+    if lever == N.LEVER_REDUCE_BATCH_TOKENS and col is not None:
+        capped = batch_cap(con, view, attr, col, stage)
+        if capped is not None:
+            return capped[0], capped[1]
     if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
         got = chunked_prefill(con, view, attr, col)
         if got is not None:

@@ -24,7 +24,7 @@ from stagescope.analysis.breach import SLIView
 from stagescope.analysis.keys import trace_ref
 from stagescope.analysis.weighting import breakdown_quantile, weighted_quantile
 
-__all__ = ["cap_output_tokens"]
+__all__ = ["cap_output_tokens", "output_cap"]
 
 
 def cap_output_tokens(
@@ -32,6 +32,23 @@ def cap_output_tokens(
 ) -> tuple[float | None, str] | None:
     """Predicted SLO quantile (ms) with output tokens capped (see the module docstring), and the
     model's one line; None without output-token counts."""
+    cap = output_cap(con, view, attr)
+    if cap is None:
+        return None
+    q = view.slo.quantile
+    src = f"""(SELECT b.*, r.output_tokens AS out_tokens FROM {BREAKDOWN} b LEFT JOIN
+               (SELECT {trace_ref(con)} AS trace_ref, start_unix_ns, any_value(output_tokens) AS output_tokens
+                FROM requests WHERE {view.request_filter} GROUP BY ALL) r USING (trace_ref, start_unix_ns))"""
+    expr = f"value_ms - CASE WHEN out_tokens > {cap!r} THEN {col} * (1 - ({cap!r} - 1) / (out_tokens - 1.0)) ELSE 0 END"
+    return (
+        breakdown_quantile(con, src, expr, q, attr),
+        f"output tokens capped at {cap:.0f} (the baseline's p{q * 100:g}), each request keeping its time per token",
+    )
+
+
+def output_cap(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> float | None:
+    """The output-token budget: the SLO quantile of the baseline requests' output tokens (at least
+    2); None without output-token counts."""
     q = view.slo.quantile
     base = f"""(SELECT * FROM (
               SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, output_tokens, {view.request_weight(con)} AS w
@@ -42,14 +59,4 @@ def cap_output_tokens(
     else:
         row = con.execute(f"SELECT quantile_cont(output_tokens, {q}) FROM {base}").fetchone()
         got = None if row is None or row[0] is None else float(row[0])
-    if got is None:
-        return None
-    cap = max(2.0, float(round(got)))
-    src = f"""(SELECT b.*, r.output_tokens AS out_tokens FROM {BREAKDOWN} b LEFT JOIN
-               (SELECT {trace_ref(con)} AS trace_ref, start_unix_ns, any_value(output_tokens) AS output_tokens
-                FROM requests WHERE {view.request_filter} GROUP BY ALL) r USING (trace_ref, start_unix_ns))"""
-    expr = f"value_ms - CASE WHEN out_tokens > {cap!r} THEN {col} * (1 - ({cap!r} - 1) / (out_tokens - 1.0)) ELSE 0 END"
-    return (
-        breakdown_quantile(con, src, expr, q, attr),
-        f"output tokens capped at {cap:.0f} (the baseline's p{q * 100:g}), each request keeping its time per token",
-    )
+    return None if got is None else max(2.0, float(round(got)))

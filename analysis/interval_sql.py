@@ -25,7 +25,7 @@ from stagescope.analysis.intervals import (
     rank_bounds,
     woodruff_sum_sql,
 )
-from stagescope.analysis.weighting import breakdown_quantile, weighted_quantiles
+from stagescope.analysis.weighting import breakdown_quantile, note_breakdown, weighted_quantiles
 
 __all__ = ["breakdown_estimate", "quantile_estimates", "window_intervals"]
 
@@ -185,6 +185,7 @@ def breakdown_estimate(
     Woodruff's effective sample size for the rows' weights (the breakdown's strata, or sampling)."""
     wt = weight if attr is None else getattr(attr, "weight", None)
     if wt is None:
+        note_breakdown(src, expr, part=part)  # analysis.plan composes levers from it
         row = con.execute(f"SELECT count({expr}) FROM {src}").fetchone()
         n = int(row[0]) if row else 0
         return None if n == 0 else quantile_estimates(con, src, expr, {"q": q}, n, digits=3)["q"]

@@ -5,6 +5,11 @@
   threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
   scatter around the fit among the streams with the smallest running batch (interference from
   prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+* ``reduce-batch-tokens`` (TTFT, end to end: a stage whose time grows with the batch a request ran
+  in): the stage's time is fitted on the request's batch size (``batch_size``: tokens or sequences,
+  as the engine counts its batch budget); the batch cap is halved from the largest batch seen (one
+  step of ``max_num_batched_tokens`` / ``max_num_seqs``, at a little throughput) and each request
+  over the cap loses the fitted time of the batch beyond it;
 * ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
   the step in progress and their own step, each carrying one chunk (:data:`CHUNK_TOKENS`).
 
@@ -26,7 +31,7 @@ from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
-__all__ = ["CHUNK_TOKENS", "chunked_prefill", "gap_prediction"]
+__all__ = ["CHUNK_TOKENS", "batch_cap", "chunked_prefill", "gap_prediction"]
 
 #: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
 CHUNK_TOKENS = 256
@@ -126,4 +131,34 @@ def chunked_prefill(
         f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
         f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
         f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
+    )
+
+
+def batch_cap(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, stage: str
+) -> tuple[float | None, str, str] | None:
+    """Per-request SLIs: the batch cap halved from the largest batch seen; a request in a batch over
+    the cap loses ``slope * (batch - cap)`` of ``stage`` (the fitted ms per batch unit, never more
+    than the stage's time). Returns (predicted quantile, model line, setting); None without a
+    positive fit of the stage's time on the batch size."""
+    w = attr.weight
+    src = with_columns("batch_size AS batch")
+    slope = weighted_slope(con, src, col, "batch", w)
+    row = con.execute(f"SELECT max(batch) FROM {src} WHERE batch IS NOT NULL").fetchone()
+    if slope is None or slope <= 0 or row is None or row[0] is None or float(row[0]) < 2:
+        return None
+    top = float(row[0])
+    cap = float(max(1, int(top // 2)))
+    pred = _q(
+        con,
+        src,
+        f"value_ms - least({col}, {float(slope)!r} * greatest(coalesce(batch, 0) - {cap!r}, 0))",
+        view.slo.quantile,
+        attr,
+    )
+    return (
+        pred,
+        f"{stage} fitted at {float(slope):.3f} ms per unit of batch; batches capped at {cap:.0f} (half the "
+        f"largest seen, {top:.0f}), each request over the cap losing the fitted time of the batch beyond it",
+        f"max batch tokens {top:.0f} -> {cap:.0f}",
     )

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from stagescope.analysis import report_context as RC
+from stagescope.analysis.plan_report import plan_html, plan_lines
 from stagescope.names import (
     KIND_UNKNOWN,
     SOURCE_CLIENT_RESULTS,
@@ -169,6 +170,7 @@ def to_text(report: dict[str, Any]) -> str:
             out.append(f"  {lv['rationale']}")
     if cost := RC.cost_lines(report):
         out += ["", *cost]
+    out += plan_lines(report)
     out += counter_lines(report)
     out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
@@ -354,6 +356,7 @@ def to_html(report: dict[str, Any]) -> str:
         _table(["lever", "stage", "predicted", "95% interval", "cost change", "rationale"], lever_rows)
         if lever_rows
         else f"<p>{_no_lever(report)}</p>",
+        plan_html(report),
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",

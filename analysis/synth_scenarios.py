@@ -299,7 +299,12 @@ def generate(
     name: str, n: int = 2000, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9
 ) -> SynthData:
     """Synthesize ``n`` requests of scenario ``name`` over ``duration_s`` seconds (a name of
-    :data:`SCENARIOS`, or ``llm-healthy``: a streaming route without a fault)."""
+    :data:`SCENARIOS`, ``llm-healthy``: a streaming route without a fault, or a multi-cause incident
+    of analysis.synth_multi, such as ``llm-seed-001``)."""
+    if name not in _ALL:
+        from stagescope.analysis.synth_multi import generate_multi  # it builds on this module
+
+        return generate_multi(name, n, seed=seed, duration_s=duration_s, t0_ns=t0_ns).data
     sc = _ALL[name]
     rng = np.random.default_rng(seed)
     if sc.route == GENERATE:

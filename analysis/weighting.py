@@ -19,7 +19,9 @@ With every weight 1 the weighted statistics equal DuckDB's own (``quantile_cont`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import duckdb
@@ -29,6 +31,8 @@ from stagescope.analysis.keys import has_columns
 __all__ = [
     "breakdown_quantile",
     "mean_sql",
+    "note_breakdown",
+    "recording",
     "sampling_kind_sql",
     "sampling_weight_sql",
     "stratum_weights",
@@ -191,6 +195,29 @@ def stratum_weights(
     return scaled if exact is None else f"(CASE WHEN {exact} THEN 1.0 ELSE {scaled} END)"
 
 
+_RECORDING: ContextVar[list[tuple[str, str]] | None] = ContextVar("stagescope_recording", default=None)
+
+
+@contextmanager
+def recording() -> Iterator[list[tuple[str, str]]]:
+    """Note the ``(src, expr)`` of every :func:`breakdown_quantile` over the whole breakdown while
+    the block runs (the per-request new SLI value a lever model computed its prediction from)."""
+    got: list[tuple[str, str]] = []
+    token = _RECORDING.set(got)
+    try:
+        yield got
+    finally:
+        _RECORDING.reset(token)
+
+
+def note_breakdown(src: str, expr: str, *, part: bool = False) -> None:
+    """Note ``(src, expr)`` for :func:`recording` (a quantile over the whole breakdown, not ``part``):
+    every estimator of a lever model's per-request effect calls it, whichever way it computes."""
+    rec = _RECORDING.get()
+    if rec is not None and not part:
+        rec.append((src, expr))
+
+
 def breakdown_quantile(
     con: duckdb.DuckDBPyConnection,
     src: str,
@@ -209,7 +236,12 @@ def breakdown_quantile(
     breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
     exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
     weighted by stratum (:func:`weighted_quantile`). Where the weights vary within strata (sampled
-    traces: ``attr.weighted``), or ``weight`` is given without ``attr``, the quantile is weighted."""
+    traces: ``attr.weighted``), or ``weight`` is given without ``attr``, the quantile is weighted.
+
+    Inside :func:`recording` every call over the whole breakdown (not ``part``) is noted as
+    ``(src, expr)``: a lever model's last one is its per-request effect, which analysis.plan applies
+    to the breakdown before the next lever's model runs."""
+    note_breakdown(src, expr, part=part)
     if attr is not None and attr.weighted and attr.weight is not None:
         return weighted_quantile(con, src, expr, q, attr.weight)
     if attr is None and weight is not None:

@@ -221,6 +221,29 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_PREFIX_CACHING,
 )
 
+#: The order a plan applies levers in when one is not enough (analysis.plan): phase -> its levers,
+#: phases in the seeds' order of practice: measure (time in no stage: add spans, no lever), fix the
+#: autoscaler's signal (``scale-out`` here means scaling on queue depth, not CPU: every other lever's
+#: prediction reads the queue the autoscaler leaves), cut per-request cost, batching, caching, then
+#: capacity (memory and processes added to the serving engine). A lever in no phase goes last.
+LEVER_PHASES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("measure", ()),
+    ("autoscale-signal", (LEVER_SCALE_OUT,)),
+    ("per-request-cost", (
+        LEVER_QUANTIZE, LEVER_COMPILE_RUNTIME, LEVER_OFFLOAD_PREPROCESSING, LEVER_SHRINK_REQUEST,
+        LEVER_SHRINK_RESPONSE, LEVER_CAP_OUTPUT_TOKENS, LEVER_PREWARM,
+    )),
+    ("batching", (
+        LEVER_CAP_BATCH_WAIT, LEVER_REDUCE_BATCH_TOKENS, LEVER_CHUNKED_PREFILL, LEVER_SPECULATIVE_DECODING,
+    )),
+    ("caching", (LEVER_CACHE_FEATURES, LEVER_CACHE_RESULTS, LEVER_PREFIX_CACHING)),
+    ("capacity", (LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS)),
+)  # fmt: skip
+#: ``report["plan_status"]``: the plan's last step meets the SLO, or the levers ran out first
+#: (``report["plan_left"]`` then says what is left); None when one lever is enough (no plan).
+PLAN_MET: Final = "met"
+PLAN_NOT_MET: Final = "not_met"
+
 # --------------------------------------------------------------------------------------------------
 # SLIs: which latency an SLO is about.
 # --------------------------------------------------------------------------------------------------

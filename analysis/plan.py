@@ -1,0 +1,176 @@
+"""An ordered plan when no single lever meets the SLO: levers composed, each on the previous one's
+counterfactual.
+
+When the report's levers (analysis.levers, one per stage that owns part of the excess) each leave
+the SLO quantile above the threshold, :func:`build_plan` applies them one after another in the order
+of ``names.LEVER_PHASES`` (measure, the autoscaler's signal, per-request cost, batching, caching,
+capacity; within a phase the stage with the larger share first):
+
+* every step runs the lever's own effect model (analysis.counterfactual.lever_prediction) on the
+  per-request breakdown **as the previous steps left it**: the model's per-request new SLI value
+  (the expression it computed its quantile from, noted by analysis.weighting.recording) replaces
+  ``value_ms``, and the time it removed is taken from the lever's stage column (what exceeds that
+  stage's time from the request's other stages, in column order), so the next lever's model reads
+  the transformed stage times, never the original ones plus independent savings;
+* the plan stops at the first step whose predicted quantile meets the threshold (``plan_status``
+  ``met``) or when the levers run out (``not_met``; ``plan_left`` gives the remaining gap in ms and
+  the stage holding most of the excess of the requests still over the threshold).
+
+A lever whose model is not a per-request transformation (``prewarm``: the quantile of the unaffected
+requests) or has no prediction is left out of the plan, and said so in ``plan_left["skipped"]``.
+Per-gap SLIs (inter-token) have no per-request breakdown to compose on: their plan is empty and
+``plan_left`` says so. ``interval_ms`` and ``cost_delta`` are filled by the confidence-interval and
+cost analyses (None here). Units: milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from stagescope import names as N
+from stagescope.analysis import counterfactual as C
+from stagescope.analysis.attribution import BREAKDOWN, Attribution
+from stagescope.analysis.breach import SLIView
+from stagescope.analysis.engine_levers import output_cap
+from stagescope.analysis.llm_levers import batch_cap
+from stagescope.analysis.weighting import breakdown_quantile, recording
+
+__all__ = ["build_plan", "phase_of"]
+
+_SAVED = "ss_breakdown_before_plan"
+
+
+def phase_of(lever: str) -> int:
+    """Index of ``lever``'s phase in ``names.LEVER_PHASES`` (a lever in no phase: after the last)."""
+    for i, (_, levers) in enumerate(N.LEVER_PHASES):
+        if lever in levers:
+            return i
+    return len(N.LEVER_PHASES)
+
+
+def _setting(
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    attr: Attribution,
+    ev: dict[str, Any],
+    lever: str,
+    stage: str,
+) -> str | None:
+    """What the lever changes, where its effect model has a setting; None otherwise."""
+    col = attr.columns.get(stage)
+    if lever == N.LEVER_REDUCE_BATCH_TOKENS and col is not None and view.per_request:
+        got = batch_cap(con, view, attr, f"coalesce({col}, 0)", stage)
+        return None if got is None else got[2]
+    if lever == N.LEVER_SCALE_OUT:
+        m = C.executor_model(con, view, attr)
+        if m is not None:
+            return f"executors {m['executors']:.0f} -> {2 * m['executors']:.0f}"
+        return "autoscale on queue depth (the queue's tail at its baseline's)"
+    if lever == N.LEVER_CAP_OUTPUT_TOKENS and view.per_request:
+        cap = output_cap(con, view, attr)
+        return None if cap is None else f"max output tokens -> {cap:.0f}"
+    if lever == N.LEVER_CAP_BATCH_WAIT:
+        return f"max batch wait -> {C.batch_wait_cap_ms(ev):g} ms"
+    return None
+
+
+def _apply(con: duckdb.DuckDBPyConnection, attr: Attribution, src: str, expr: str, stage: str) -> None:
+    """Replace the breakdown with the lever's per-request outcome: ``value_ms`` = ``expr``; the time
+    removed comes off ``stage``'s column, the rest (if the lever removed more than that stage's time)
+    off the other stage columns in order; ``unattributed`` keeps the time in no stage."""
+    cols = [c for c in attr.columns.values() if c != N.UNATTRIBUTED]
+    first = attr.columns.get(stage)
+    order = ([first] if first in cols else []) + [c for c in cols if c != first]
+    parts = [f"greatest(value_ms - ({expr}), 0) AS ss_cut"]
+    new = []
+    taken = "0"
+    for c in order:
+        new.append(f"greatest(coalesce({c}, 0) - greatest(ss_cut - ({taken}), 0), 0) AS {c}")
+        taken = f"{taken} + coalesce({c}, 0)"
+    keep = ", ".join(["trace_ref", "start_unix_ns"])
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE ss_plan_step AS
+        SELECT b.* REPLACE ({", ".join([*new, "b.value_ms - ss_cut AS value_ms"])})
+        FROM (SELECT {BREAKDOWN}.*, n.ss_cut FROM {BREAKDOWN} JOIN (
+                  SELECT {keep}, {parts[0]} FROM {src}) n USING ({keep})) b"""
+    )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS SELECT * EXCLUDE (ss_cut) FROM ss_plan_step")
+    con.execute("DROP TABLE ss_plan_step")
+
+
+def _left(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], pred: float | None
+) -> dict[str, Any]:
+    """The gap the plan leaves (ms over the threshold) and the stage holding most of the excess of
+    the requests still over the threshold (their mean time in it above its baseline median)."""
+    thr = view.slo.threshold_ms
+    stage, excess = None, None
+    quantiles = ev.get("stage_quantiles", {})
+    for st, c in attr.columns.items():
+        base = float((quantiles.get(st) or {}).get("baseline_p50_ms") or 0.0)
+        row = con.execute(
+            f"SELECT avg(coalesce({c}, 0)) - {base!r} FROM {BREAKDOWN} WHERE value_ms > {thr!r}"
+        ).fetchone()
+        if row and row[0] is not None and (excess is None or float(row[0]) > excess):
+            stage, excess = st, float(row[0])
+    return {
+        "gap_ms": None if pred is None else round(max(0.0, pred - thr), 3),
+        "stage": stage,
+        "stage_excess_ms": None if excess is None else round(excess, 3),
+    }
+
+
+def build_plan(
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    attr: Attribution,
+    ev: dict[str, Any],
+    levers: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], str | None, dict[str, Any] | None]:
+    """``(plan, plan_status, plan_left)`` for a breached report whose lever entries are ``levers``
+    (see the module docstring); ``([], None, None)`` when one lever already meets the SLO. The
+    breakdown is restored before returning."""
+    thr = view.slo.threshold_ms
+    usable = [lv for lv in levers if lv.get("lever") is not None and lv.get("acceptable") is not False]
+    if any(lv.get("predicted_p99_ms") is not None and lv["predicted_p99_ms"] <= thr for lv in usable):
+        return [], None, None
+    if not view.per_request:
+        return [], N.PLAN_NOT_MET, {
+            "gap_ms": None, "stage": None, "stage_excess_ms": None,
+            "skipped": [], "reason": "per-gap SLI: no per-request breakdown to compose levers on",
+        }  # fmt: skip
+    share = {r["stage"]: float(r.get("share") or 0.0) for r in attr.rows}
+    ordered = sorted(usable, key=lambda lv: (phase_of(lv["lever"]), -share.get(lv["stage"], 0.0)))
+    steps: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    pred: float | None = None
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SAVED} AS SELECT * FROM {BREAKDOWN}")
+    try:
+        for lv in ordered:
+            lever, stage = lv["lever"], lv["stage"]
+            setting = _setting(con, view, attr, ev, lever, stage)
+            with recording() as seen:
+                got, model = C.lever_prediction(con, view, attr, ev, lever, stage)
+            if got is None or not seen:
+                skipped.append(f"{lever} ({stage}): {model}" if got is None else
+                               f"{lever} ({stage}): its model is not a per-request change")  # fmt: skip
+                continue
+            src, expr = seen[-1]
+            _apply(con, attr, src, expr, stage)
+            pred = breakdown_quantile(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
+            steps.append({
+                "lever": lever, "stage": stage, "setting": setting,
+                "predicted_quantile_ms": pred, "interval_ms": None, "cost_delta": None, "model": model,
+            })  # fmt: skip
+            if pred is not None and pred <= thr:
+                return steps, N.PLAN_MET, None
+        if pred is None:  # no step: the gap is the SLO quantile's own
+            pred = breakdown_quantile(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
+        left = _left(con, view, attr, ev, pred)
+        left["skipped"] = skipped
+        return steps, N.PLAN_NOT_MET, left
+    finally:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS SELECT * FROM {_SAVED}")
+        con.execute(f"DROP TABLE {_SAVED}")
