@@ -16,7 +16,10 @@ Model (stated, with its limits):
   - ``scale-out``: executors doubled; each request's queue time is replaced by the wait of a G/G/2c
     queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate, the
     arrivals' variability at the scale of one service time (index of dispersion of counts) and the
-    executor time per request (busy time of distinct compute spans / requests);
+    executor time per request (busy time of distinct compute spans / requests; for token streams
+    without compute spans, an LLM engine's slots: each stream's prefill start to decode end, ``c`` the
+    most streams in service at once). It assumes the added executors are as fast as the measured
+    ones (a second engine on a core of its own);
   - ``offload-preprocessing``: the stage's p5 is its CPU cost; the waiting inside the stage is replaced
     by the wait for a worker of a G/G/k pool (Erlang C with an exponential tail), k the smallest pool
     whose predicted quantile meets the SLO (the cheapest fix; else the smallest with fewer than
@@ -232,35 +235,56 @@ def _with_requests(cols: str) -> str:
     return f"(SELECT *, {cols} FROM {BREAKDOWN})"
 
 
+def _served_condition(attr: Attribution) -> tuple[str, bool] | None:
+    """``(condition on stages s, per_batch)`` selecting the executor's work: the stages of kind compute
+    (a batch is one interval however many requests it carries); for token streams without them (an
+    LLM engine) the stages of kind prefill and decode, one interval per request: its time holding a
+    slot, first prefill start to last decode end. None when the breakdown has neither."""
+    compute = attr.of_kind(N.KIND_COMPUTE)
+    if compute:
+        return "s.stage IN (" + ", ".join(sql_str(x) for x in compute) + ")", True
+    stream = attr.of_kind(N.KIND_PREFILL) + attr.of_kind(N.KIND_DECODE)
+    if stream:
+        return "s.stage IN (" + ", ".join(sql_str(x) for x in stream) + ")", False
+    return None
+
+
 def executor_model(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
 ) -> dict[str, float] | None:
-    """The executor as a queue: current executors (most batches computing at once), service time per
-    request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
-    compute_stages = attr.of_kind(N.KIND_COMPUTE)
-    if not compute_stages:
+    """The executor as a queue: current executors (most service intervals at once: batches computing,
+    or streams holding an engine slot), service time per request (busy ms / requests), service-time
+    variability, arrival rate and variability."""
+    served = _served_condition(attr)
+    if served is None:
         return None
-    computing = "s.stage IN (" + ", ".join(sql_str(x) for x in compute_stages) + ")"
+    cond, per_batch = served
     # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
     # few of each batch's members and overstate the executor time per request)
     ref = trace_ref(con)
     reqs = f"(SELECT {ref} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
+    intervals = (
+        f"SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s SEMI JOIN {reqs} r USING ({ref}) "
+        f"WHERE {cond}"
+        if per_batch
+        else f"SELECT min(s.start_unix_ns) AS a, max(s.end_unix_ns) AS e FROM stages s SEMI JOIN {reqs} r "
+        f"USING ({ref}) WHERE {cond} GROUP BY s.{ref}"
+    )
     row = con.execute(
-        f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN {reqs} r USING ({ref}) WHERE {computing}),
+        f"""WITH b AS ({intervals}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
                (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE {ref} IN
-                                           (SELECT {ref} FROM stages s WHERE {computing}))"""
+                                           (SELECT {ref} FROM stages s WHERE {cond}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
-    busy_ms, mean_b, var_b, conc, served = row
-    arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(served))
+    busy_ms, mean_b, var_b, conc, n_served = row
+    arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(n_served))
     return {
         "executors": float(max(1, int(conc or 1))),
-        "service_ms": float(busy_ms) / float(served),
+        "service_ms": float(busy_ms) / float(n_served),
         "cs2": float(var_b) / float(mean_b) ** 2 if mean_b else 1.0,
         "lam_per_s": arr.rate_per_s,
         "ca2": arr.ca2,
