@@ -53,7 +53,8 @@ from stagescope.names import (
     UNATTRIBUTED,
 )
 
-__all__ = ["Attribution", "attribute", "build_breakdown", "stage_columns"]
+__all__ = [
+    "Attribution", "attribute", "build_breakdown", "stage_columns", "step_fit"]
 
 BREAKDOWN = "ss_breakdown"
 
@@ -121,6 +122,28 @@ BATCH_FIT = {
     "batch_intercept_ms": "regr_intercept(value_ms, batch_size)",
     "batch_r2": "regr_r2(value_ms, batch_size)",
 }
+#: Fewest gaps at one running batch size for its median to enter :func:`step_fit`.
+STEP_FIT_MIN_GAPS = 5
+
+
+def step_fit(con: duckdb.DuckDBPyConnection, src: str) -> dict[str, float | None]:
+    """For gap samples: the decode step time as a line in the running batch, fitted to the *median* gap at
+    each running batch size (rounded to a whole stream; sizes with at least STEP_FIT_MIN_GAPS gaps).
+
+    The median is the step a stream of that batch usually sees; the mean and a fit over every gap are
+    pulled by the rare long gaps (another slot's prompt in the step, a stall of the machine), which on a
+    real engine hide the batch's own cost (r² 0.2 for a step that is plainly linear in the batch). It
+    replaces :data:`BATCH_FIT`'s least-squares values for inter-token SLIs; r² is that of the medians."""
+    row = con.execute(
+        f"""WITH m AS (SELECT round(batch_size) AS b, median(value_ms) AS g FROM {src}
+                       WHERE batch_size IS NOT NULL GROUP BY 1 HAVING count(*) >= {STEP_FIT_MIN_GAPS})
+            SELECT regr_slope(g, b), regr_intercept(g, b), regr_r2(g, b), count(*) FROM m"""
+    ).fetchone()
+    if row is None or row[3] is None or row[3] < 3:
+        return {}
+    return {"batch_slope_ms": row[0], "batch_intercept_ms": row[1], "batch_r2": row[2]}
+
+
 #: Facts about the tail and baseline requests of a per-request SLI that :func:`attribute` gathers in
 #: the same pass, for the evidence (``{tail}`` and ``{base}``: the conditions).
 SAMPLE_FACTS = {
@@ -330,6 +353,7 @@ def attribute(
     tn, bn, tm, bm = got["tail_n"], got["base_n"], got["tail_mean"], got["base_mean"]
     facts = {k: got[k] for k in (*BATCH_FIT, *SAMPLE_FACTS, "requests") if k in got}
     if not view.per_request:
+        facts.update(step_fit(con, view.name))
         ex = None if tm is None or bm is None else tm - bm
         kinds = {STAGE_DECODE: KIND_DECODE}
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)}, kinds)

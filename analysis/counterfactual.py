@@ -39,10 +39,12 @@ Model (stated, with its limits):
   - ``cache-results``: requests whose input hash was already seen (every repeat after the first)
     skip batch wait, queue and compute; the others are unchanged;
   - ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
-    time (gap = a + b * running, ``running`` = the stream's mean running batch) reaches half the
-    threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
-    scatter around the fit among the streams with the smallest running batch (interference from
-    prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+    time (gap = a + b * running, fitted to the median gap at each running batch size; ``running`` =
+    the gap's own running batch where the server counted it, else its stream's mean) reaches half
+    the threshold; the predicted quantile is the fitted step at the cap plus the quantile of the
+    gaps' scatter around the fit among the gaps that already ran at the cap or below (interference
+    from prefills joining a step, stalls, which the cap does not remove); the cap is
+    ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
     the step in progress and their own step, each carrying one 256-token chunk.
 
@@ -507,26 +509,34 @@ def _gap_prediction(
     con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
 ) -> tuple[float | None, str]:
     q = view.slo.quantile
-    src = (
-        f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
-        "USING (trace_id)"
-    )
+    # each gap's running decode batch: its own where the server counted it, else its stream's mean
+    # (the view's batch_size, see breach.sli_view)
+    src = f"(SELECT *, batch_size AS running FROM {view.name})"
     if lever == N.LEVER_SPECULATIVE_DECODING:
         return _q(
             con, view.name, "value_ms * 0.5", q
         ), "decode gaps halved (speculative decoding, typical 2x)"
-    row = con.execute(
-        f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
-    ).fetchone()
-    if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
-        slope, icpt = float(row[0]), float(row[1])
+    # the step fit of the evidence (median gap per running batch size, attribution.step_fit), else a
+    # least-squares fit over every gap
+    fit = [ev.get("batch_slope_ms"), ev.get("batch_intercept_ms")]
+    if fit[0] is None or fit[1] is None:
+        row = con.execute(f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running) FROM {src}").fetchone()
+        fit = [None, None] if row is None else [row[0], row[1]]
+    if fit[0] is not None and fit[1] is not None and float(fit[0]) > 0:
+        slope, icpt = float(fit[0]), float(fit[1])
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
-        # scatter around the fit where the running batch varies least (its lowest decile): the
-        # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        res = con.execute(
-            f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q})
-                FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src})"""
-        ).fetchone()
+        ev["running_cap"] = int(cap)  # the setting this prediction is for (the demo's lever check applies it)
+        # scatter around the fit among the gaps that already ran at a batch no larger than the cap (else
+        # the lowest decile of running batches): the interference (another stream's prompt in the step,
+        # a stall) that remains once the batch is pinned at the cap
+        res = None
+        for cond in (f"running <= {cap!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
+            res = con.execute(
+                f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q}), count(*)
+                    FROM {src} WHERE {cond}"""
+            ).fetchone()
+            if res is not None and res[1] and res[1] >= 1.0 / max(1e-9, 1.0 - q):
+                break
         scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
         before = _q(con, view.name, "value_ms", q)
         pred = icpt + slope * cap + scatter
@@ -534,7 +544,7 @@ def _gap_prediction(
             round(pred if before is None else min(pred, before), 3),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
-            f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
+            f"{scatter:.1f} ms scatter of the gaps that already ran at {cap:.0f} streams or fewer",
         )
     base = _q(con, view.name, "value_ms", 0.5)
     if base is None:

@@ -462,6 +462,9 @@ ATTR_ITL_MEAN: Final = "stagescope.itl.mean"  # seconds, mean inter-token gap of
 ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
 ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
 ATTR_TOKEN_GAPS: Final = "stagescope.itl.gaps"  # list of every gap in seconds (capped length)
+# list, same order as ATTR_TOKEN_GAPS: streams decoding on the engine when each gap ended (the running
+# decode batch of the step that produced the token), where the server can count them
+ATTR_TOKEN_RUNNING: Final = "stagescope.itl.running"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_CLIENT: Final = "stagescope.client"  # bool, on the load generator's CLIENT spans
 

@@ -134,6 +134,7 @@ def test_gateway_queues_for_slots_and_records_stages(upstream: str, tmp_path: Pa
         assert -1 < ttft_ms - r.stages[N.STAGE_QUEUE] - r.stages[N.STAGE_PREFILL] < 30
         assert r.attrs[N.ATTR_MODEL] == MODEL_ID and r.attrs[N.ATTR_REPLICA] == 0
         assert len(r.attrs[N.ATTR_TOKEN_GAPS]) == 4
+        assert len(r.attrs[N.ATTR_TOKEN_RUNNING]) == 4 and all(1 <= k <= 2 for k in r.attrs[N.ATTR_TOKEN_RUNNING])
     # two slots: never more than two requests past the queue at once, and with four sent together
     # at least one waited for a slot about as long as a stream holds one
     spans = _stage_intervals(tmp_path / "spans")
@@ -146,6 +147,13 @@ def test_gateway_queues_for_slots_and_records_stages(upstream: str, tmp_path: Pa
     assert peak == 2, held
     assert max(r.stages[N.STAGE_QUEUE] for r in reqs) > TTFT_MS, [r.stages for r in reqs]
     assert N.METRIC_QUEUE_DEPTH in metrics
+    # the analysis reads each gap's running batch beside the gap
+    from stagescope.analysis.api import connection
+    from stagescope.analysis.ingest import load_dataset
+
+    con = connection(load_dataset(traces=[tmp_path / "spans"]))
+    row = con.execute("SELECT count(*), count(running), min(running), max(running) FROM token_gaps").fetchone()
+    assert row == (20, 20, 1, 2), row
 
 
 def test_gateway_bad_input_is_one_line(tmp_path: Path, upstream: str) -> None:

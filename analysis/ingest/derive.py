@@ -143,5 +143,6 @@ SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS
-SELECT trace_id, unnest(gaps_s) * 1e3 AS gap_ms FROM {spans} WHERE gaps_s IS NOT NULL AND stage IS NULL""",
+SELECT trace_id, unnest(gaps_s) * 1e3 AS gap_ms, unnest(coalesce(gap_running, [])) AS running
+FROM {spans} WHERE gaps_s IS NOT NULL AND stage IS NULL""",
     ]

@@ -24,6 +24,7 @@ __all__ = [
     "ROUTE",
     "SCENARIOS",
     "cannot_run_reason",
+    "lever_settings",
     "missing",
     "prepare",
     "serve_command",
@@ -68,6 +69,18 @@ def prepare() -> str:
         f"{model.path} ({m['file']['parameters']:,} RANDOM weights, {m['file']['n_vocab']:,}-token llama "
         "vocabulary; real compute, meaningless text; made as its manifest.json says)"
     )
+
+
+def lever_settings(lever: str | None, report: Mapping[str, Any]) -> dict[str, int]:
+    """Engine settings that make the lever check apply the value the analysis predicted for: for
+    ``reduce-batch-tokens`` the running-batch cap it chose (``evidence.running_cap``) as ``parallel``
+    (llama.cpp's slots are its running batch). Other levers have no value to pass."""
+    from stagescope import names as N
+
+    cap = (report.get("evidence") or {}).get("running_cap")
+    if lever == N.LEVER_REDUCE_BATCH_TOKENS and isinstance(cap, int | float) and cap >= 1:
+        return {"parallel": int(cap)}
+    return {}
 
 
 def serve_command(

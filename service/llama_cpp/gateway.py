@@ -17,7 +17,8 @@ the way, per request, from one monotonic clock:
   also holds the HTTP hop and tokenization, under a millisecond here);
 * ``decode``: first token -> last token received;
 * ``batch_size``: the mean number of this replica's streams in decode, sampled at each of the
-  request's tokens (the running decode batch its steps carried).
+  request's tokens (the running decode batch its steps carried), and per gap in
+  ``stagescope.itl.running`` (beside ``stagescope.itl.gaps``).
 
 llama.cpp's final ``timings`` (``prompt_n``, ``prompt_ms``, ``cache_n``, ``predicted_n``,
 ``predicted_ms``) and ``usage`` go on the server span (names in :mod:`stagescope.names`). What the
@@ -54,6 +55,8 @@ __all__ = ["MODEL_ID", "MetricsRelay", "Replica", "Router", "create_gateway_app"
 #: The model id the gateway labels its requests with (what the served GGUF is: random weights).
 MODEL_ID = "stagescope-random-weights-llama"
 _DONE = b"data: [DONE]\n\n"
+#: Gaps whose running batch is kept per request (the span keeps the first 4,096 gaps too).
+_MAX_GAPS = 4096
 _TIMINGS = {
     "prompt_n": N.ATTR_LLAMACPP_PROMPT_N, "prompt_ms": N.ATTR_LLAMACPP_PROMPT_MS, "cache_n": N.ATTR_LLAMACPP_CACHE_N,
     "predicted_n": N.ATTR_LLAMACPP_PREDICTED_N, "predicted_ms": N.ATTR_LLAMACPP_PREDICTED_MS,
@@ -273,7 +276,7 @@ def create_gateway_app(
     ) -> AsyncIterator[tuple[bytes, int]]:
         """The upstream's events as ``(bytes, tokens)``, recording stages; releases the slot at the end."""
         first = last = None
-        running_sum = samples = 0
+        running: list[int] = []  # streams decoding on this replica at each of the request's tokens
         try:
             async for line in upstream.aiter_lines():
                 if not line.startswith("data:"):
@@ -294,8 +297,8 @@ def create_gateway_app(
                     if first is None:
                         first = last
                         replica.decoding += 1
-                    running_sum += replica.decoding
-                    samples += 1
+                    if len(running) <= _MAX_GAPS:
+                        running.append(replica.decoding)
                 yield b"data: " + payload.encode() + b"\n\n", n
         finally:
             await upstream.aclose()
@@ -307,8 +310,10 @@ def create_gateway_app(
                 rec.add_stage(N.STAGE_PREFILL, t_admit, first)
                 if last > first:
                     rec.add_stage(N.STAGE_DECODE, first, last)
-                if samples:
-                    rec.batch_size = round(running_sum / samples)
+                if running:
+                    rec.batch_size = round(sum(running) / len(running))
+                    # per gap (gap k ends at token k+1), beside stagescope.itl.gaps
+                    rec.attributes[N.ATTR_TOKEN_RUNNING] = running[1:]
                 prompt_ms = rec.attributes.get(N.ATTR_LLAMACPP_PROMPT_MS)
                 if isinstance(prompt_ms, int | float):
                     rec.attributes[N.ATTR_LLAMACPP_PROMPT_WAIT_MS] = round(

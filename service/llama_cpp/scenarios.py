@@ -51,11 +51,11 @@ LLAMA_SCENARIOS: Mapping[str, Scenario] = MappingProxyType(
                 Workload(prompt_tokens=48, max_tokens=32),
             ),
             Scenario(
-                "llama-long-prompts", "1 in 20 prompts has ~1,800 tokens; one 2,048-token step holds every slot",
-                COMPLETIONS_ROUTE, 2.0, "ttft:p95<800ms", N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL,
-                _frozen({"parallel": 4, "batch_size": 2048, "ubatch_size": 2048}),
+                "llama-long-prompts", "1 in 15 prompts has ~1,500 tokens; one 2,048-token step holds every slot",
+                COMPLETIONS_ROUTE, 3.0, "ttft:p95<750ms", N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL,
+                _frozen({"parallel": 8, "batch_size": 2048, "ubatch_size": 2048, "ctx_per_slot": 2048}),
                 _frozen({"batch_size": 256, "ubatch_size": 256}),
-                Workload(prompt_tokens=48, long_prompt_tokens=1500, long_prompt_every=20, max_tokens=24),
+                Workload(prompt_tokens=48, long_prompt_tokens=1500, long_prompt_every=15, max_tokens=16),
             ),
             Scenario(
                 "llama-many-slots", "16 slots decode together: every step carries ~10 streams",
@@ -66,10 +66,10 @@ LLAMA_SCENARIOS: Mapping[str, Scenario] = MappingProxyType(
             ),
             Scenario(
                 "llama-slots-busy", "2 slots, long answers: requests wait for a free slot",
-                COMPLETIONS_ROUTE, 3.0, "ttft:p95<1500ms", N.STAGE_QUEUE, N.LEVER_SCALE_OUT,
+                COMPLETIONS_ROUTE, 1.3, "ttft:p95<1000ms", N.STAGE_QUEUE, N.LEVER_SCALE_OUT,
                 _frozen({"parallel": 2, "ctx_per_slot": 1024}),
                 _frozen({"replicas": 2}),
-                Workload(prompt_tokens=16, max_tokens=160),
+                Workload(prompt_tokens=16, max_tokens=128),
             ),
         )
     }
