@@ -43,7 +43,7 @@ from stagescope.demo.recorder import MetricsRecorder
 from stagescope.errors import UserError
 from stagescope.paths import ensure_writable_dir
 from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
-from stagescope.service.scenarios import GENERATE_ROUTE, Scenario
+from stagescope.service.scenarios import PREDICT_ROUTE, Scenario
 from stagescope.slo import SLO
 
 __all__ = [
@@ -65,6 +65,7 @@ READY_TIMEOUT_S = 120.0
 #: What one run records into its folder (an earlier run's are moved aside, see archive_previous).
 RECORDINGS = (
     "spans", "metrics", "results.parquet", "report.json", "report.html", "service.log", "lever", "lever_check.json",
+    "llama-server-0.log", "llama-server-1.log",  # the llama-cpp engine's servers
 )  # fmt: skip
 
 
@@ -134,7 +135,7 @@ def schedule_for(sc: Scenario, duration_s: float) -> Any:
         raise UserError(f"{ARRIVAL_TRACE}: {len(trace)} arrivals, fewer than the {k} this run needs")
     offsets = trace.offsets_s[:k] * (duration_s / float(trace.offsets_s[k]))
     prompt = output = None
-    if sc.route == GENERATE_ROUTE:
+    if sc.route != PREDICT_ROUTE:  # a generation route: the reference service's or an OpenAI API
         w = sc.workload
         prompt = np.array([w.prompt_tokens_of(i) for i in range(k)], dtype=np.int64)
         output = np.full(k, w.max_tokens, dtype=np.int64)
@@ -193,6 +194,7 @@ async def _drive(
 ) -> tuple[int, float | None, bool]:
     """Load the service while recording its metrics; Ctrl-C ends sending and keeps what was recorded."""
     from stagescope.loadgen import run_load
+    from stagescope.loadgen.openai_api import infer_api
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -204,7 +206,7 @@ async def _drive(
         run = await run_load(
             svc.url, schedule_for(sc, duration_s), route=sc.route, out=out / "results.parquet",
             spans_dir=out / "spans", progress=progress, stop=stop, repeat_share=sc.workload.repeat_share,
-            predict_dim=sc.workload.predict_dim, timeout_s=30.0, grace_s=10.0,
+            predict_dim=sc.workload.predict_dim, timeout_s=30.0, grace_s=10.0, api=infer_api(sc.route),
         )  # fmt: skip
     finally:
         await recorder.stop()

@@ -82,3 +82,40 @@ def test_ratio_follows_the_batch_size_nearest_each_requests_compute() -> None:
     assert got == [0.4, 0.4, 0.6, 0.5]  # the boundary between 1 and 100 rows is sqrt(1 x 50) ms
     assert QL.speed_curve(facts, N.LEVER_COMPILE_RUNTIME) == []
     assert L.quality({}, N.LEVER_QUANTIZE) is None
+
+
+def test_llama_engine_serves_through_its_gateway_and_passes_the_analysis_running_cap() -> None:
+    llama = get_engine("llama-cpp")
+    assert "RANDOM-WEIGHT" in llama.label and llama.default_scenario in llama.scenarios
+    sc = llama.scenarios["llama-many-slots"]
+    cmd = llama.serve_command(sc, port=7, spans_dir=Path("s"), apply_lever=True, overrides={"parallel": 3})
+    assert cmd[cmd.index("-m") + 1] == "stagescope.service.llama_cpp.serve" and "--backend" not in cmd
+    assert cmd[cmd.index("--set") + 1] == "parallel=3" and cmd[-1] == "--apply-lever"
+    report = {"evidence": {"running_cap": 5}}
+    assert llama.lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, report) == {"parallel": 5}
+    assert llama.lever_settings(N.LEVER_SCALE_OUT, report) == {}  # no value for another lever
+    assert llama.lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, {"evidence": {"running_cap": 0}}) == {}
+    assert get_engine("onnx").lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, report) == {}
+
+
+def test_lever_check_reports_the_measured_error_of_the_prediction(tmp_path: Path) -> None:
+    from stagescope.demo.main import lever_check
+    from stagescope.demo.runner import RunResult
+
+    def report(q: float, levers: list[dict[str, object]]) -> dict[str, object]:
+        return {"status": "breached", "breached": True, "quantile_ms": q,
+                "slo": {"threshold_ms": 40.0, "spec": "itl:p99<40ms", "objective": 0.99},
+                "verdict": {"stage": N.STAGE_DECODE, "lever": N.LEVER_REDUCE_BATCH_TOKENS} if levers else None,
+                "levers": levers}  # fmt: skip
+
+    before = RunResult("llama-many-slots", False, tmp_path, report(60.0, [
+        {"lever": N.LEVER_REDUCE_BATCH_TOKENS, "predicted_p99_ms": 30.0}]), 10, None, engine="llama-cpp")  # fmt: skip
+    after = RunResult("llama-many-slots", True, tmp_path, {**report(36.0, []), "status": "met"}, 10, None,
+                      engine="llama-cpp")  # fmt: skip
+    check = lever_check(before, after)
+    assert check["predicted_p99_ms"] == 30.0 and check["p99_after_ms"] == 36.0 and check["within_slo_after"]
+    assert check["prediction_error"] == pytest.approx(0.2)
+    no_data = RunResult("x", True, tmp_path, {**report(36.0, []), "status": N.STATUS_NO_DATA, "quantile_ms": None},
+                        0, None)  # fmt: skip
+    gone = lever_check(before, no_data)
+    assert gone["prediction_error"] is None and gone["within_slo_after"] is None
