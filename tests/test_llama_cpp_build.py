@@ -85,3 +85,47 @@ def test_bad_job_count_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
         B._jobs()
     monkeypatch.setenv("STAGESCOPE_BUILD_JOBS", "3")
     assert B._jobs() == 3
+
+
+def test_a_failed_build_is_remembered_until_asked_for_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing CMake (a script on PATH) leaves the reason beside the entry: the next caller (the
+    tests, the demo) gets it as one line instead of a second long build; the explicit build retries."""
+    import io
+    import tarfile
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    calls = tmp_path / "cmake-calls"
+    for name, body in (("cmake", f'[ "$1" = --version ] && {{ echo "cmake version 0"; exit 0; }}\n'
+                                  f'echo run >> "{calls}"; echo "CMake Error: no compiler works" >&2; exit 1'),
+                       ("c++", "echo 'c++ (fake) 1.0'"), ("cc", "echo 'cc (fake) 1.0'")):  # fmt: skip
+        (tools / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    root = tmp_path / "cache"
+    sdist = root / "llama.cpp" / "sdist" / f"llama_cpp_python-{B.LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    sdist.parent.mkdir(parents=True)
+    with tarfile.open(sdist, "w:gz") as tar:  # the sources' layout, no download
+        data = b"project(fake)\n"
+        info = tarfile.TarInfo(f"llama_cpp_python-{B.LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/CMakeLists.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert B.cannot_build_reason(root) is None
+    with pytest.raises(UserError, match="cmake exit 1"):
+        B.ensure_server(root)
+    assert calls.read_text().count("run") == 1 and B.failure_mark(root).is_file()
+    reason = B.cannot_build_reason(root)
+    assert reason is not None and "failed here earlier" in reason and "cmake exit 1" in reason and "\n" not in reason
+    with pytest.raises(UserError, match="failed here earlier"):
+        B.ensure_server(root)  # no second build
+    assert calls.read_text().count("run") == 1
+    with pytest.raises(UserError, match="cmake exit 1"):
+        B.ensure_server(root, retry=True)  # asked for explicitly: it builds again
+    assert calls.read_text().count("run") == 2
+    env = dict(os.environ, STAGESCOPE_CACHE_DIR=str(root))
+    proc = subprocess.run([sys.executable, "-m", "stagescope.service.llama_cpp.build"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and calls.read_text().count("run") == 3 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("llama.cpp build: error: llama.cpp build failed")
+    # another version (another key) is not held back by this one's failure
+    assert B.cannot_build_reason(root, "0.0.1") is None

@@ -11,8 +11,13 @@ second run, finds it and skips the build. Beside the binary: ``manifest.json`` (
 llama.cpp's ``LICENSE`` and the vocabulary GGUF files the same tree ships under ``models/`` (the model
 writer takes its tokenizer from there, see :mod:`.gguf_model`).
 
-A build takes 5-10 minutes on two cores. Concurrent callers wait on a lock file; a half-built entry is
-never used (the folder is written under a temporary name and renamed when complete).
+A build takes 5-10 minutes on two idle cores (47 minutes was measured under a load of 8-10).
+Concurrent callers wait on a lock file; a half-built entry is never used (the folder is written under a
+temporary name and renamed when complete). A failed build leaves ``<version>-<key>.failed`` beside
+where the entry would be, holding its one-line reason: from then on :func:`cannot_build_reason` says
+so (the llama.cpp tests skip with it, the demo stops with it) instead of starting the same long build
+again, until the build is asked for explicitly (``python -m stagescope.service.llama_cpp.build``, which
+always tries, and removes the mark when it succeeds).
 
 Run it directly (``.ci/run`` does, before ``make test``)::
 
@@ -47,6 +52,7 @@ __all__ = [
     "cache_root",
     "cannot_build_reason",
     "ensure_server",
+    "failure_mark",
     "find_server",
 ]
 
@@ -138,13 +144,25 @@ def find_server(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSIO
     return b
 
 
-def cannot_build_reason() -> str | None:
-    """Why ``llama-server`` cannot be built here (one line), or None when the tools are present."""
+def failure_mark(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    """Where a failed build of this version and machine leaves its one-line reason."""
+    folder = _entry(root, version)
+    return folder.with_name(folder.name + ".failed")
+
+
+def cannot_build_reason(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSION) -> str | None:
+    """Why ``llama-server`` cannot be built here (one line): missing tools, another platform, or an
+    earlier build of this version on this machine that failed; None when a build can be tried."""
     missing = [t for t in ("cmake", "c++", "cc") if shutil.which(t) is None]
     if missing:
         return f"cannot build llama.cpp's server: {', '.join(missing)} not installed (apt-get install cmake g++)"
     if sys.platform != "linux":
         return f"cannot build llama.cpp's server here: built and tested on Linux only, this is {sys.platform}"
+    mark = failure_mark(root, version)
+    with contextlib.suppress(OSError):
+        why = " ".join(mark.read_text(errors="replace").split())
+        return (f"cannot build llama.cpp's server: the build failed here earlier ({why[:300]}); "
+                "`python -m stagescope.service.llama_cpp.build` tries again")  # fmt: skip
     return None
 
 
@@ -211,12 +229,18 @@ def _jobs() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def ensure_server(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSION) -> Build:
-    """The cached ``llama-server`` build, built first when absent (minutes; said on stderr)."""
+def ensure_server(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERSION, *, retry: bool = False) -> Build:
+    """The cached ``llama-server`` build, built first when absent (minutes; said on stderr). An earlier
+    failed build of the same version stops it with that reason unless ``retry``; a failure now leaves
+    the reason in :func:`failure_mark`."""
     found = find_server(root, version)
     if found is not None:
         return found
-    reason = cannot_build_reason()
+    mark = failure_mark(root, version)
+    if retry:
+        with contextlib.suppress(OSError):
+            mark.unlink()
+    reason = cannot_build_reason(root, version)
     if reason:
         raise UserError(reason)
     folder = _entry(root, version)
@@ -225,58 +249,70 @@ def ensure_server(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_VERS
         found = find_server(root, version)  # another process built it while we waited
         if found is not None:
             return found
-        sdist = _sdist(base.parent, version)
-        t0 = time.monotonic()
-        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=base))
         try:
-            src = _extract_vendor(sdist, work / "src", version)
-            build_dir, log = work / "build", work / "build.log"
-            jobs = _jobs()
-            _say(f"building {SERVER_NAME} from {sdist.name} with {jobs} jobs (5-10 minutes; log {log})")
-            _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS], log)
-            _run(["cmake", "--build", str(build_dir), "--target", SERVER_NAME, "-j", str(jobs)], log)
-            stage = work / "entry"
-            (stage / "bin").mkdir(parents=True)
-            (stage / "models").mkdir()
-            shutil.copy2(build_dir / "bin" / SERVER_NAME, stage / "bin" / SERVER_NAME)
-            for v in VOCAB_FILES:
-                shutil.copy2(src / "models" / v, stage / "models" / v)
-            shutil.copy2(src / "LICENSE", stage / "LICENSE")
-            shutil.copy2(log, stage / "build.log")
-            manifest = {
-                "what": "llama.cpp's llama-server, built on this machine from source",
-                "source": f"PyPI llama-cpp-python=={version} source distribution, vendor/llama.cpp/",
-                "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
-                "cmake_flags": list(CMAKE_FLAGS),
-                "build_key": build_key(version),
-                "compiler": _tool_version("c++"),
-                "cmake": _tool_version("cmake"),
-                "machine": platform.machine(),
-                "build_seconds": round(time.monotonic() - t0, 1),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "built_by": "python -m stagescope.service.llama_cpp.build",
-                "vocab_files": list(VOCAB_FILES),
-                "license": "llama.cpp is MIT-licensed: LICENSE beside this file",
-            }
-            (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            if folder.exists():  # a damaged earlier entry
-                shutil.rmtree(folder)
-            stage.rename(folder)
-        except OSError as exc:
-            raise UserError(f"cannot build llama.cpp's server under {base}: {exc.strerror or exc}") from None
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        _say(f"built in {manifest['build_seconds']:.0f} s -> {folder}")
+            _build(folder, base, version)
+        except UserError as exc:
+            with contextlib.suppress(OSError):
+                mark.write_text(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {exc}\n")
+            raise
+        with contextlib.suppress(OSError):
+            mark.unlink()
     built = find_server(root, version)
     if built is None:  # pragma: no cover - we just wrote it
         raise UserError(f"{folder}: the build finished but its entry is incomplete")
     return built
 
 
+def _build(folder: Path, base: Path, version: str) -> None:
+    """Download (once), unpack and build the sources into the cache entry ``folder`` (under the lock)."""
+    sdist = _sdist(base.parent, version)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=base))
+    try:
+        src = _extract_vendor(sdist, work / "src", version)
+        build_dir, log = work / "build", work / "build.log"
+        jobs = _jobs()
+        _say(f"building {SERVER_NAME} from {sdist.name} with {jobs} jobs (5-10 minutes; log {log})")
+        _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_FLAGS], log)
+        _run(["cmake", "--build", str(build_dir), "--target", SERVER_NAME, "-j", str(jobs)], log)
+        stage = work / "entry"
+        (stage / "bin").mkdir(parents=True)
+        (stage / "models").mkdir()
+        shutil.copy2(build_dir / "bin" / SERVER_NAME, stage / "bin" / SERVER_NAME)
+        for v in VOCAB_FILES:
+            shutil.copy2(src / "models" / v, stage / "models" / v)
+        shutil.copy2(src / "LICENSE", stage / "LICENSE")
+        shutil.copy2(log, stage / "build.log")
+        manifest = {
+            "what": "llama.cpp's llama-server, built on this machine from source",
+            "source": f"PyPI llama-cpp-python=={version} source distribution, vendor/llama.cpp/",
+            "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
+            "cmake_flags": list(CMAKE_FLAGS),
+            "build_key": build_key(version),
+            "compiler": _tool_version("c++"),
+            "cmake": _tool_version("cmake"),
+            "machine": platform.machine(),
+            "build_seconds": round(time.monotonic() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "built_by": "python -m stagescope.service.llama_cpp.build",
+            "vocab_files": list(VOCAB_FILES),
+            "license": "llama.cpp is MIT-licensed: LICENSE beside this file",
+        }
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if folder.exists():  # a damaged earlier entry
+            shutil.rmtree(folder)
+        stage.rename(folder)
+    except OSError as exc:
+        raise UserError(f"cannot build llama.cpp's server under {base}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _say(f"built in {manifest['build_seconds']:.0f} s -> {folder}")
+
+
 def main() -> int:
     """Build (or find) the server and print its path; one line and exit 2 on failure."""
     try:
-        b = ensure_server()
+        b = ensure_server(retry=True)  # asked for explicitly: an earlier failure is tried again
     except UserError as exc:
         print(f"llama.cpp build: error: {exc}", file=sys.stderr)
         return 2
