@@ -279,13 +279,14 @@ def _analyze_one(
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
-    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
         report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
     if breached:
         report["levers"] = _levers(con, view, attr, ev)
         report["verdict"] = _verdict(attr, report["levers"])
         warns += _unstaged(con, view, attr, report["verdict"])
+    # after the levers: their predictions add the settings they are for (reduce-batch-tokens: running_cap)
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)

@@ -119,3 +119,18 @@ def test_lever_check_reports_the_measured_error_of_the_prediction(tmp_path: Path
                         0, None)  # fmt: skip
     gone = lever_check(before, no_data)
     assert gone["prediction_error"] is None and gone["within_slo_after"] is None
+
+
+def test_the_report_carries_the_running_cap_its_prediction_is_for() -> None:
+    """The reduce-batch-tokens prediction is for one running-batch cap: the report's evidence says which,
+    so the llama-cpp lever check applies that cap (not the scenario's own guess)."""
+    data = S.generate("llm-decode-heavy", 1200, seed=3)
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    rep = analyze(con, data.scenario.slo)
+    assert rep["verdict"]["lever"] == N.LEVER_REDUCE_BATCH_TOKENS
+    cap = rep["evidence"]["running_cap"]
+    assert isinstance(cap, int) and cap >= 1
+    lever = next(x for x in rep["levers"] if x["lever"] == N.LEVER_REDUCE_BATCH_TOKENS)
+    assert f"capped at {cap} streams" in lever["rationale"]
+    assert get_engine("llama-cpp").lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, rep) == {"parallel": cap}
