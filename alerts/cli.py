@@ -28,9 +28,17 @@ def register(subparsers: Any) -> None:
         "--runbook-url",
         default=None,
         metavar="URL",
+        type=_runbook,
         help="base of the runbook_url annotation (default: alerts/RUNBOOK.md in this repository)",
     )
     build.set_defaults(func=run)
+
+
+def _runbook(text: str) -> str:
+    """A URL or path for the ``runbook_url`` annotation: not empty, no spaces or control characters."""
+    if not text.strip() or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"expected a URL or path without spaces, got {text[:80]!r}")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,8 @@ from stagescope.errors import UserError
 from stagescope.names import (
     ATTR_STAGE,
     KIND_UNKNOWN,
+    SOURCE_METRICS,
+    SOURCE_TRACES,
     STATUS_BREACHED,
     STATUS_MET,
     STATUS_NO_DATA,
@@ -66,25 +68,26 @@ def _slos(slo: str | SLO | list[SLO]) -> list[SLO]:
 
 
 def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
-    """The empirical CDF as ``[value_ms, share of samples at or below it]`` pairs, exact at
+    """The empirical CDF (weighted: the requests the samples stand for) as ``[value_ms, share at or
+    below it]`` pairs, exact at
     :data:`CDF_POINTS` log-spaced values between the smallest and the largest sample (one counting
     pass; the plot's x axis is logarithmic)."""
-    row = con.execute(f"SELECT min(value_ms), max(value_ms), count(*) FROM {view.name}").fetchone()
+    row = con.execute(f"SELECT min(value_ms), max(value_ms), sum(w) FROM {view.name}").fetchone()
     if not row or row[0] is None or not row[2]:
         return []
-    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), int(row[2])
+    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), float(row[2])
     if hi <= lo:
         return [[round(hi, 3), 1.0]]
     step = math.log(hi / lo) / CDF_POINTS
     counts = dict(
         con.execute(
             f"""SELECT least({CDF_POINTS}, CAST(ceil(ln(greatest(value_ms, {lo!r}) / {lo!r}) / {step!r}) AS INTEGER)) AS b,
-                       count(*) FROM {view.name} GROUP BY 1"""
+                       sum(w) FROM {view.name} GROUP BY 1"""
         ).fetchall()
     )
-    out, seen = [], 0
+    out, seen = [], 0.0
     for b in range(CDF_POINTS + 1):  # bucket b holds the samples in (x[b-1], x[b]]
-        seen += int(counts.get(b, 0))
+        seen += float(counts.get(b, 0))
         x = hi if b == CDF_POINTS else lo * math.exp(step * b)
         out.append([round(x, 3), round(seen / n, 6)])
     return out
@@ -234,6 +237,7 @@ def _analyze_one(
     warns += view.warnings
     qs = ev_res["quantiles"]
     breached = ev_res["breached"]
+    share = ev_res["over_threshold_share"]
     report: dict[str, Any] = {
         "slo": slo.to_dict(),
         "route": slo.route,
@@ -244,18 +248,29 @@ def _analyze_one(
         "breached": breached,
         "latency_ms": {k: (None if qs[k] is None else round(qs[k], 3)) for k in ("p50", "p95", "p99")},
         "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),
+        "over_threshold_share": None if share is None else round(share, 5),
         "attribution": [],
         "verdict": None,
         "levers": [],
         "windows": ev_res["windows"],
         "warnings": warns,
+        "sources": _sources(view),
+        "sampling": _sampling(view),
     }
+    if "client_latency_ms" in view.sampling:
+        report["client_latency_ms"] = view.sampling["client_latency_ms"]
     if counters:
         report["server_counters"] = counters
     if view.count == 0:  # no data is never a verdict
         report["status"], report["breached"] = STATUS_NO_DATA, None
         report["no_data_reason"] = no_data_reason(
             con, slo, files=getattr(dataset, "files", None), inputs=getattr(dataset, "trace_inputs", None)
+        )
+        return report
+    if view.trace_samples == 0:  # the figures come from a complete source; no trace to split
+        warns.append(
+            f"no trace of SLO {slo.spec}'s requests was kept (its figures come from the "
+            f"{view.source.replace('_', ' ')}): nothing to split into stages"
         )
         return report
     attr = A.attribute(con, view, breached, qs)
@@ -277,6 +292,7 @@ def _analyze_one(
     report["tail"] = {
         "condition": attr.tail_condition, "baseline_condition": attr.baseline_condition,
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
+        "tail_requests": _r(attr.facts.get("tail_w")), "baseline_requests": _r(attr.facts.get("base_w")),
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
@@ -349,12 +365,44 @@ def _r(x: float | None) -> float | None:
 
 
 def _request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
-    row = (
-        con.execute(f"SELECT count(DISTINCT trace_id) FROM {view.name}").fetchone()
-        if not view.per_request
-        else None
-    )
-    return int(row[0]) if row else view.count
+    """Requests the samples stand for (for gap SLIs: streams)."""
+    if view.per_request:
+        return round(view.weight_total)
+    row = con.execute(
+        f"SELECT sum(w) FROM (SELECT any_value(w) AS w FROM {view.name} WHERE trace_id IS NOT NULL GROUP BY trace_id)"
+    ).fetchone()
+    return round(float(row[0])) if row and row[0] is not None else 0
+
+
+def _sources(view: B.SLIView) -> dict[str, str]:
+    """Which input gave each figure of the report (``names.SOURCE_*``): the quantiles, shares and
+    request counts come from the view's source; the windows too, except that a histogram has no
+    times (its calibrated traces give them); the split of the time is always the traces'."""
+    src = view.source
+    return {
+        "latency_ms": src, "quantile_ms": src, "over_threshold_share": src, "requests": src,
+        "windows": SOURCE_TRACES if src == SOURCE_METRICS else src,
+        "attribution": SOURCE_TRACES, "levers": SOURCE_TRACES, "evidence": SOURCE_TRACES,
+    }  # fmt: skip
+
+
+def _sampling(view: B.SLIView) -> dict[str, Any]:
+    """What the traces say about their sampling and how the samples were weighted."""
+    f = view.sampling
+    out: dict[str, Any] = {
+        "traced_requests": f.get("requests", view.trace_samples),
+        "with_probability": f.get("known", 0),
+        "kept_below_probability_1": f.get("below_1", 0),
+        "unknown_probability": f.get("unknown", 0),
+        "sampled": bool(f.get("evidence") or f.get("below_1")),
+        "min_probability": f.get("min_p"),
+        "estimated_requests": f.get("estimated_requests"),
+        "weighted": view.weighted,
+    }
+    for k in ("network_ms", "histogram"):
+        if k in f:
+            out[k] = f[k]
+    return out
 
 
 def _levers(

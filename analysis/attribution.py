@@ -4,17 +4,8 @@ Per request we first split the SLI's interval (arrival to last byte for ``e2e``,
 token for ``ttft``) into stages along the **critical path**, then compare requests in the tail with a
 baseline of normal requests.
 
-Per-request split (table ``ss_breakdown``, one row per request, milliseconds):
-
-* every stage span is clipped to the SLI interval ``[start, start + value]`` (for TTFT only the stages
-  before the first token count: queue, prefill, feature fetch ...);
-* fast path: when a request's clipped stage spans are disjoint (each stage once, and their total not
-  above the interval) a stage's time is the sum of its spans;
-* otherwise (parallel fetches, overlapping stages) the interval is cut at every span boundary and each
-  elementary segment goes to the covering stage that **ends last**: the one the request was still
-  waiting for, i.e. the critical path. A segment counts once, so stages never sum above the request;
-* ``unattributed`` is the time in no stage; ``network`` (``e2e`` only) is the client-observed duration
-  minus the server duration, where a load-generator CLIENT span exists.
+Per-request split: analysis.breakdown (table ``ss_breakdown``, one row per request, milliseconds,
+each stage's time on the critical path, ``unattributed``, ``network``).
 
 Tail and baseline: the tail is the samples above the threshold when the SLO is breached (else those
 at or above the SLO quantile); the baseline is the samples at or below the median and under the
@@ -31,6 +22,13 @@ Large inputs (over :data:`FULL_BREAKDOWN_LIMIT` samples): a stratified sample is
 the requests between them, each drawn by a hash of the arrival time, which is independent of
 latency, and weighted by stratum (``Attribution.weight``). Stage means are then sample means; tail
 and baseline counts and mean latencies are always over every sample.
+
+Sampled traces (analysis.weighting): each request's ``sw`` (``1 / sampling_p``) rides along in
+``ss_req`` and ``ss_breakdown``, and ``Attribution.weight`` is ``sw`` times the stratum factor (the
+one mechanism for both). Where the SLI samples came from a complete source (analysis.sources) the
+strata are always formed and each calibrates the traced rows to the complete samples' weight in it.
+With weights that vary within a stratum (``Attribution.weighted``) every mean, quantile and fit over
+the breakdown is weighted.
 """
 
 from __future__ import annotations
@@ -40,23 +38,23 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis.breach import SLIView, network_expr, sql_str
-from stagescope.analysis.keys import REQUEST_KEY, has_request_keys, trace_ref
-from stagescope.analysis.kinds import StageCatalog, kinds_of_rows, row_kind_sql, stage_catalog
+from stagescope.analysis.breach import SLIView
+from stagescope.analysis.breakdown import BREAKDOWN, REQUEST_ATTRIBUTES, build_breakdown, stage_columns
+from stagescope.analysis.kinds import stage_catalog
 from stagescope.analysis.queueing import uniform_rank_sql
+from stagescope.analysis.weighting import mean_sql, stratum_weights, weighted_quantile_sql
 from stagescope.names import (
     KIND_DECODE,
     KIND_NETWORK,
+    SOURCE_TRACES,
     STAGE_DECODE,
     STAGE_NETWORK,
-    STAGE_OVERFLOW,
     UNATTRIBUTED,
 )
 
 __all__ = [
-    "Attribution", "attribute", "build_breakdown", "stage_columns", "step_fit"]
-
-BREAKDOWN = "ss_breakdown"
+    "BREAKDOWN", "REQUEST_ATTRIBUTES", "Attribution", "attribute", "build_breakdown", "stage_columns", "step_fit",
+]  # fmt: skip
 
 
 @dataclass
@@ -80,9 +78,12 @@ class Attribution:
     #: A table with the slowest requests left out of a sampled breakdown (for the report's list of
     #: slowest traces; never in the estimates), or None.
     extra: str | None = None
-    #: SQL: how many samples each ``ss_breakdown`` row stands for (its stratum's samples over the
-    #: stratum's rows in the breakdown); None when the breakdown is complete.
+    #: SQL: how many samples each ``ss_breakdown`` row stands for (its sampling weight ``sw`` times
+    #: its stratum's weight over the stratum's rows' ``sw``); None when every row stands for one.
     weight: str | None = None
+    #: The weights vary within a stratum (sampled traces, or calibration to a complete source): every
+    #: statistic over the breakdown must then be weighted.
+    weighted: bool = False
     #: :data:`BATCH_FIT` and, for per-request SLIs, :data:`SAMPLE_FACTS` and ``requests`` (the SLO's
     #: requests whether or not they have a sample), over every sample, for the evidence.
     facts: dict[str, Any] = field(default_factory=dict)
@@ -97,21 +98,12 @@ class Attribution:
 
     @property
     def complete(self) -> bool:
-        """Whether ``ss_breakdown`` holds every sample (not a stratified sample of them)."""
+        """Whether ``ss_breakdown`` holds every sample, each standing for one."""
         return self.weight is None
 
     @property
     def top(self) -> str | None:
         return self.rows[0]["stage"] if self.rows and self.rows[0]["excess_ms"] > 0 else None
-
-
-def stage_columns(con: duckdb.DuckDBPyConnection, table: str = "stages") -> dict[str, str]:
-    """Stage name -> safe column name, known stages first in vocabulary order, then any others
-    (past analysis.kinds.MAX_STAGES names, the rest as one overflow stage).
-
-    ``network`` is left out: it lies outside the server-side interval and is computed per request
-    from the client and server durations instead."""
-    return stage_catalog(con, table).columns
 
 
 #: Least-squares fit of each SLI sample on its request's batch size (for streams the running decode
@@ -126,18 +118,22 @@ BATCH_FIT = {
 STEP_FIT_MIN_GAPS = 5
 
 
-def step_fit(con: duckdb.DuckDBPyConnection, src: str) -> dict[str, float | None]:
+def step_fit(con: duckdb.DuckDBPyConnection, src: str, weight: str | None = None) -> dict[str, float | None]:
     """For gap samples: the decode step time as a line in the running batch, fitted to the *median* gap at
-    each running batch size (rounded to a whole stream; sizes with at least STEP_FIT_MIN_GAPS gaps).
+    each running batch size (rounded to a whole stream; sizes with at least STEP_FIT_MIN_GAPS gaps),
+    each gap counted ``weight`` times where the gaps are weighted (sampled streams).
 
     The median is the step a stream of that batch usually sees; the mean and a fit over every gap are
     pulled by the rare long gaps (another slot's prompt in the step, a stall of the machine), which on a
     real engine hide the batch's own cost (r² 0.2 for a step that is plainly linear in the batch). It
     replaces :data:`BATCH_FIT`'s least-squares values for inter-token SLIs; r² is that of the medians."""
+    known = f"(SELECT * FROM {src} WHERE batch_size IS NOT NULL AND value_ms IS NOT NULL)"
+    medians = weighted_quantile_sql(known, "value_ms", 0.5, weight or "1.0", by="round(batch_size)")
     row = con.execute(
-        f"""WITH m AS (SELECT round(batch_size) AS b, median(value_ms) AS g FROM {src}
-                       WHERE batch_size IS NOT NULL GROUP BY 1 HAVING count(*) >= {STEP_FIT_MIN_GAPS})
-            SELECT regr_slope(g, b), regr_intercept(g, b), regr_r2(g, b), count(*) FROM m"""
+        f"""WITH n AS (SELECT round(batch_size) AS b, count(*) AS c FROM {known} GROUP BY 1),
+                 m AS (SELECT q.g AS b, q.value AS gap FROM ({medians}) q JOIN n ON n.b = q.g
+                       WHERE n.c >= {STEP_FIT_MIN_GAPS})
+            SELECT regr_slope(gap, b), regr_intercept(gap, b), regr_r2(gap, b), count(*) FROM m"""
     ).fetchone()
     if row is None or row[3] is None or row[3] < 3:
         return {}
@@ -147,142 +143,33 @@ def step_fit(con: duckdb.DuckDBPyConnection, src: str) -> dict[str, float | None
 #: Facts about the tail and baseline requests of a per-request SLI that :func:`attribute` gathers in
 #: the same pass, for the evidence (``{tail}`` and ``{base}``: the conditions).
 SAMPLE_FACTS = {
-    "cold_start_share_tail": "avg(cold_start::INT) FILTER (WHERE {tail})",
-    "cold_start_share_baseline": "avg(cold_start::INT) FILTER (WHERE {base})",
-    "batch_size_tail": "avg(batch_size) FILTER (WHERE {tail})",
-    "batch_size_baseline": "avg(batch_size) FILTER (WHERE {base})",
-    "batch_size_max": "max(batch_size)",
-    "queue_depth_tail": "avg(queue_depth) FILTER (WHERE {tail})",
-    "queue_depth_baseline": "avg(queue_depth) FILTER (WHERE {base})",
+    "cold_start_share_tail": ("cold_start::INT", "{tail}"),
+    "cold_start_share_baseline": ("cold_start::INT", "{base}"),
+    "batch_size_tail": ("batch_size", "{tail}"),
+    "batch_size_baseline": ("batch_size", "{base}"),
+    "batch_size_max": None,  # max(batch_size)
+    "queue_depth_tail": ("queue_depth", "{tail}"),
+    "queue_depth_baseline": ("queue_depth", "{base}"),
 }
 
-#: Per-request attributes carried into ``ss_req`` and ``ss_breakdown`` (lever models read them
-#: there instead of joining ``requests`` again).
-REQUEST_ATTRIBUTES = ("batch_size", "queue_depth", "cold_start", "input_tokens", "itl_mean_ms")
 
-
-def _requests_sql(con: duckdb.DuckDBPyConnection, view: SLIView, subset: str | None) -> None:
-    """Create ``ss_req``: one row per request to break down, read from ``requests`` (the SLI table
-    holds no trace ids): ``trace_ref`` (the request's ``trace_key``, or its trace id where the data
-    has no keys: see analysis.keys), an integer key ``tk`` (hash of trace_ref and start), SLI
-    interval ``t0``-``t1`` (ns), ``value_ms``, ``network``, :data:`REQUEST_ATTRIBUTES` and
-    ``request_key`` (NULL without request keys).
-
-    Stage spans are joined to the requests of their trace and clipped to each one's interval; where
-    a stage row carries its request's key (analysis.keys) only to that request. So the requests of one
-    trace that follow each other (a client's retries) are broken down apart, and so are those that
-    run at the same time (a fan-out), except where the data has no request keys: then they share the
-    stage time they overlap."""
-    net = network_expr(view.slo)
-    rkey = REQUEST_KEY if has_request_keys(con) else "NULL::UBIGINT"
-    src = (
-        f"SELECT {trace_ref(con)} AS trace_ref, {rkey} AS request_key, start_unix_ns, "
-        f"CAST({view.value_expr} AS DOUBLE) AS value_ms, {net} AS network_ms, {', '.join(REQUEST_ATTRIBUTES)} "
-        f"FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL"
+def _batch_fit(weighted: bool) -> dict[str, str]:
+    """SQL of :data:`BATCH_FIT` over the SLI table, each sample counted ``w`` times where the samples
+    are weighted (sampled traces)."""
+    if not weighted:
+        return dict(BATCH_FIT)
+    f = "FILTER (WHERE value_ms IS NOT NULL AND batch_size IS NOT NULL)"
+    sw, sx, sy = (f"sum({e}) {f}" for e in ("w", "w * batch_size", "w * value_ms"))
+    sxx, sxy, syy = (
+        f"sum({e}) {f}" for e in ("w * batch_size ^ 2", "w * batch_size * value_ms", "w * value_ms ^ 2")
     )
-    where = f"WHERE {subset}" if subset else ""
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE ss_req AS
-        SELECT trace_ref, hash(trace_ref, start_unix_ns) AS tk, request_key, start_unix_ns AS t0, value_ms,
-               start_unix_ns + CAST(round(value_ms * 1e6) AS BIGINT) AS t1, network_ms AS network,
-               {", ".join(REQUEST_ATTRIBUTES)}
-        FROM ({src}) {where}"""
-    )
-
-
-def build_breakdown(
-    con: duckdb.DuckDBPyConnection,
-    view: SLIView,
-    subset: str | None = None,
-    catalog: StageCatalog | None = None,
-) -> dict[str, str]:
-    """Create ``ss_breakdown`` for a per-request SLI view; returns stage -> column.
-
-    ``subset`` (a condition on ``value_ms`` and ``start_unix_ns``) limits the requests broken down;
-    the verdict uses it on large inputs to break down a stratified sample (see :func:`_subset`).
-    ``catalog``: the stages to break down into (default: read from ``stages``); its ``kinds`` are set
-    from the stage rows of the requests broken down (analysis.kinds.kinds_of_rows)."""
-    cat = stage_catalog(con) if catalog is None else catalog
-    cols = cat.columns
-    folded = (
-        f" ELSE {list(cols).index(STAGE_OVERFLOW)}" if cat.folded and STAGE_OVERFLOW in cols else ""
-    )
-    case = (
-        "CASE s.stage " + " ".join(f"WHEN {sql_str(s)} THEN {i}" for i, s in enumerate(cols)) + f"{folded} END"
-        if cols
-        else "NULL::INTEGER"
-    )
-    k_of = {c: i for i, c in enumerate(cols.values())}
-    # integer keys (``tk`` per request, ``k`` = stage index) keep the group-bys cheap
-    _requests_sql(con, view, subset)
-    # stage spans of those requests, clipped to each request's SLI interval (one scan of ``stages``),
-    # each to its own request where the stage row knows it
-    own = (
-        f" AND (s.{REQUEST_KEY} IS NULL OR s.{REQUEST_KEY} = r.request_key)" if has_request_keys(con) else ""
-    )
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE ss_st AS
-        SELECT r.tk, {case} AS k, greatest(s.start_unix_ns, r.t0) AS a, least(s.end_unix_ns, r.t1) AS b,
-               r.t1 - r.t0 AS span, {row_kind_sql(con)} AS kind
-        FROM stages s JOIN ss_req r ON s.{trace_ref(con)} = r.trace_ref{own}
-        WHERE least(s.end_unix_ns, r.t1) > greatest(s.start_unix_ns, r.t0) AND s.stage <> {sql_str(STAGE_NETWORK)}"""
-    )
-    # Fast path. Per (request, stage): spans that share a common point (parallel fetches: max start <=
-    # min end) form one block, whose length is the stage's time; otherwise ``u`` is NULL. A request whose
-    # stages are all single blocks and sum to at most the interval needs no sweep.
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE ss_fast AS
-        WITH per AS (
-            SELECT tk, k, CASE WHEN max(a) <= min(b) THEN (max(b) - min(a)) / 1e6 END AS u
-            FROM ss_st GROUP BY tk, k
-        )
-        SELECT tk, {", ".join(f"sum(u) FILTER (WHERE k = {k}) AS {c}" for c, k in k_of.items()) or "NULL AS c_none"},
-               count(*) - count(u) AS blocks_overlap, sum(u) AS total
-        FROM per GROUP BY tk"""
-    )
-    # a request needs the sweep when a stage's spans form more than one block or its stages sum above
-    # the interval (overlapping stages)
-    con.execute(
-        """CREATE OR REPLACE TEMP TABLE ss_fast AS
-        SELECT f.* EXCLUDE (blocks_overlap, total),
-               f.blocks_overlap > 0 OR f.total > (r.t1 - r.t0) / 1e6 + 1e-6 AS overlap
-        FROM ss_fast f JOIN ss_req r USING (tk)"""
-    )
-    sums = (
-        ", ".join(f"sum(b - a) FILTER (WHERE k = {k}) / 1e6 AS {c}" for c, k in k_of.items())
-        or "NULL AS c_none"
-    )
-    # Critical path for the others: elementary segments go to the covering stage that ends last.
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE ss_sweep AS
-        WITH iv AS (SELECT tk, k, a, b FROM ss_st WHERE tk IN (SELECT tk FROM ss_fast WHERE overlap)),
-        pts AS (SELECT tk, a AS t FROM iv UNION SELECT tk, b FROM iv),
-        seg AS (SELECT tk, t AS a, lead(t) OVER (PARTITION BY tk ORDER BY t) AS b FROM pts),
-        cov AS (SELECT seg.tk, seg.a, seg.b, arg_max(iv.k, iv.b) AS k
-                FROM seg JOIN iv ON seg.tk = iv.tk AND iv.a <= seg.a AND iv.b >= seg.b
-                WHERE seg.b IS NOT NULL GROUP BY seg.tk, seg.a, seg.b)
-        SELECT tk, {sums} FROM cov GROUP BY tk"""
-    )
-    col_list = list(cols.values())
-    picked = ", ".join(
-        f"CASE WHEN f.overlap THEN coalesce(w.{c}, 0) ELSE coalesce(f.{c}, 0) END AS {c}" for c in col_list
-    )
-    total = " + ".join(col_list) if col_list else "0"
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {BREAKDOWN} AS
-        WITH b AS (
-            SELECT r.trace_ref, r.t0 AS start_unix_ns, r.value_ms{", " + picked if picked else ""}, r.network,
-                   {", ".join(f"r.{c}" for c in REQUEST_ATTRIBUTES)}
-            FROM ss_req r LEFT JOIN ss_fast f USING (tk) LEFT JOIN ss_sweep w USING (tk)
-        )
-        SELECT b.* EXCLUDE (network, {", ".join(REQUEST_ATTRIBUTES)}),
-               greatest(b.value_ms - ({total}), 0) AS unattributed, b.network, {", ".join(REQUEST_ATTRIBUTES)}
-        FROM b"""
-    )
-    kinds_of_rows(con, cat, "ss_st")
-    for t in ("ss_fast", "ss_sweep", "ss_st"):
-        con.execute(f"DROP TABLE IF EXISTS {t}")
-    return cols
+    cxy, cxx, cyy = (f"({a} - {b} * {c} / {sw})" for a, b, c in ((sxy, sx, sy), (sxx, sx, sx), (syy, sy, sy)))
+    slope = f"({cxy} / nullif({cxx}, 0))"
+    return {
+        "batch_slope_ms": slope,
+        "batch_intercept_ms": f"(({sy}) - {slope} * ({sx})) / nullif({sw}, 0)",
+        "batch_r2": f"{cxy} * {cxy} / nullif({cxx} * {cyy}, 0)",
+    }
 
 
 def _conditions(
@@ -330,36 +217,54 @@ def attribute(
     """Excess latency per stage, tail against baseline (see the module docstring); ``qs`` are the
     SLI's quantiles (breach.quantiles)."""
     tail, base = _conditions(view.slo.threshold_ms, breached, qs["q"], qs["p50"])
-    lower = _lower(view, qs) if view.per_request and view.count > FULL_BREAKDOWN_LIMIT else None
+    calibrate = view.per_request and view.source != SOURCE_TRACES  # samples from a complete source
+    large = view.per_request and view.trace_samples > FULL_BREAKDOWN_LIMIT
+    lower = _lower(view, qs) if large or calibrate else None
+    wt = view.weight
     # counts and mean values of tail and baseline, over every sample (also when the breakdown is a
     # sample); in the same pass, per-request facts for the evidence and, on large inputs, the sizes of
     # the strata and the slowest values
     stats = {
         "tail_n": f"count(*) FILTER (WHERE {tail})", "base_n": f"count(*) FILTER (WHERE {base})",
-        "tail_mean": f"avg(value_ms) FILTER (WHERE {tail})", "base_mean": f"avg(value_ms) FILTER (WHERE {base})",
-        **BATCH_FIT,
+        "tail_mean": mean_sql("value_ms", tail, wt), "base_mean": mean_sql("value_ms", base, wt),
+        "tail_w": f"sum(w) FILTER (WHERE {tail})", "base_w": f"sum(w) FILTER (WHERE {base})",
+        **_batch_fit(view.weighted),
     }  # fmt: skip
     if view.per_request:
-        stats.update({k: v.format(tail=tail, base=base) for k, v in SAMPLE_FACTS.items()})
-        stats["requests"] = f"(SELECT count(*) FROM requests WHERE {view.request_filter})"
-    if lower is not None:
-        stats.update(
-            {f"stratum{i}": f"count(*) FILTER (WHERE {c})" for i, c in enumerate(_strata(lower, base))}
+        for k, fact in SAMPLE_FACTS.items():
+            stats[k] = (
+                "max(batch_size)"
+                if fact is None
+                else mean_sql(fact[0], fact[1].format(tail=tail, base=base), wt)
+            )
+        stats["requests"] = (
+            f"(SELECT sum({view.request_weight(con)}) FROM requests WHERE {view.request_filter})"
         )
+    strata = _strata(lower, base) if lower is not None else ()
+    for i, c in enumerate(strata):
+        stats[f"stratum{i}"] = f"count(*) FILTER (WHERE {c})"
+        stats[f"stratum_w{i}"] = f"coalesce(sum(w) FILTER (WHERE {c}), 0)"
+    if large:
         stats["slowest_min"] = f"list_min(max(value_ms, {KEEP_SLOWEST}))"
     row = con.execute(f"SELECT {', '.join(stats.values())} FROM {view.name}").fetchone()
     assert row is not None
     got = dict(zip(stats, row, strict=True))
     tn, bn, tm, bm = got["tail_n"], got["base_n"], got["tail_mean"], got["base_mean"]
-    facts = {k: got[k] for k in (*BATCH_FIT, *SAMPLE_FACTS, "requests") if k in got}
+    facts = {k: got[k] for k in (*BATCH_FIT, *SAMPLE_FACTS, "requests", "tail_w", "base_w") if k in got}
     if not view.per_request:
-        facts.update(step_fit(con, view.name))
+        facts.update(step_fit(con, view.name, view.weight))
         ex = None if tm is None or bm is None else tm - bm
         kinds = {STAGE_DECODE: KIND_DECODE}
         rows = _rows({STAGE_DECODE: ex}, {STAGE_DECODE: (tm, bm)}, kinds)
-        return Attribution(rows, int(tn), int(bn), tail, base, {}, tm, bm, facts=facts, kinds=kinds)
-    sizes = tuple(got[f"stratum{i}"] for i in range(3)) if lower is not None else ()
-    sub = None if lower is None else _subset(lower, base, sizes, got["slowest_min"])
+        return Attribution(
+            rows, int(tn), int(bn), tail, base, {}, tm, bm, facts=facts, weighted=view.weighted, kinds=kinds
+        )
+    sub = None
+    if large and lower is not None:
+        sizes = tuple(got[f"stratum{i}"] for i in range(3))
+        if calibrate:  # the sample is drawn from the traced requests: their own strata sizes
+            sizes = _traced_strata(con, view, strata)
+        sub = _subset(lower, base, sizes, got["slowest_min"])
     cat = stage_catalog(con)
     cols = build_breakdown(con, view, sub.condition if sub else None, cat)
     kinds = {s: cat.kinds[s] for s in cols}
@@ -371,14 +276,25 @@ def attribute(
             f"CREATE OR REPLACE TEMP TABLE {extra} AS SELECT * FROM {BREAKDOWN} WHERE NOT ({sub.sampled})"
         )
         con.execute(f"DELETE FROM {BREAKDOWN} WHERE NOT ({sub.sampled})")
-    weight = _weights(con, sub) if sub is not None else None
+    varies = con.execute(f"SELECT count(*) FILTER (WHERE sw <> 1) FROM {BREAKDOWN}").fetchone()
+    sw = "sw" if varies and varies[0] else "1.0"
+    weight: str | None = None
+    if strata:  # each stratum weighs what the SLI samples hold in it
+        weight = stratum_weights(
+            con, [(c, got[f"stratum_w{i}"]) for i, c in enumerate(strata)], BREAKDOWN, sw,
+            exact="exact" if calibrate and sub is None else None,  # every traced request is there
+        )  # fmt: skip
+    elif sw != "1.0":
+        weight = sw
+    weighted = view.weighted or calibrate or sw != "1.0"
     parts = dict(cols)
     parts[UNATTRIBUTED] = UNATTRIBUTED
     has_net = con.execute(f"SELECT count(network) FROM {BREAKDOWN}").fetchone()
     if has_net and has_net[0]:
         parts[STAGE_NETWORK] = "network"
+    bw = weight if weighted else None
     sel = ", ".join(
-        f"avg(coalesce({c}, 0)) FILTER (WHERE {tail}), avg(coalesce({c}, 0)) FILTER (WHERE {base})"
+        f"{mean_sql(f'coalesce({c}, 0)', tail, bw)}, {mean_sql(f'coalesce({c}, 0)', base, bw)}"
         for c in parts.values()
     )
     row = con.execute(f"SELECT {sel} FROM {BREAKDOWN}").fetchone()
@@ -404,10 +320,23 @@ def attribute(
         sub.candidates if sub else 0,
         extra,
         weight,
+        weighted,
         facts,
         kinds,
         cat.warnings,
     )
+
+
+def _traced_strata(con: duckdb.DuckDBPyConnection, view: SLIView, strata: tuple[str, ...]) -> tuple[int, ...]:
+    """Rows of each stratum among the SLO's traced requests (when the SLI samples are another source's)."""
+    src = (
+        f"(SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms FROM requests "
+        f"WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
+    )
+    row = con.execute(
+        "SELECT " + ", ".join(f"count(*) FILTER (WHERE {c})" for c in strata) + f" FROM {src}"
+    ).fetchone()
+    return tuple(int(v) for v in row) if row else (0,) * len(strata)
 
 
 #: Above this many samples the breakdown covers a stratified sample (see :func:`_subset`).
@@ -479,14 +408,3 @@ def _subset(lower: float, base: str, sizes: tuple[Any, ...], slowest_min: float 
         return Subset(sampled, sampled, lower, False, strata)
     forced = f"value_ms >= {float(slowest_min)!r}" if slowest_min is not None else "false"
     return Subset(f"{sampled} OR {forced}", sampled, lower, True, strata)
-
-
-def _weights(con: duckdb.DuckDBPyConnection, sub: Subset) -> str:
-    """SQL for the number of samples each breakdown row stands for: its stratum's samples over the
-    stratum's rows in the breakdown, so each stratum weighs exactly as many samples as it has."""
-    got = con.execute(
-        "SELECT " + ", ".join(f"count(*) FILTER (WHERE {c})" for c, _ in sub.strata) + f" FROM {BREAKDOWN}"
-    ).fetchone()
-    assert got is not None
-    whens = " ".join(f"WHEN {c} THEN {n / k!r}" for (c, n), k in zip(sub.strata, got, strict=True) if k)
-    return f"(CASE {whens} ELSE 0.0 END)" if whens else "1.0"

@@ -17,6 +17,13 @@ are requests whose client went away before the answer was complete (status 499,
 latency anyone waited for; they are counted and a warning says how many (many of them can mean clients
 giving up on a slow server).
 The overall quantile uses ``quantile_cont`` (linear interpolation), like numpy's default.
+
+Each sample carries ``w``, how many requests it stands for (analysis.weighting): ``1 / sampling_p``
+for a sampled trace (Horvitz-Thompson), 1 where the probability is unknown. Where a complete source
+covers the SLO's requests (the load generator's results, or request-duration histograms in the
+scraped metrics: analysis.sources) the samples come from it, or are calibrated to it. With weights
+that are not all 1 the quantiles, shares over the threshold and window figures are weighted; with
+every weight 1 they are DuckDB's own.
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ from typing import Any
 import duckdb
 
 from stagescope.analysis.keys import has_columns
+from stagescope.analysis.weighting import (
+    mean_sql,
+    sampling_kind_sql,
+    sampling_weight_sql,
+    weighted_quantile_sql,
+    weighted_quantiles,
+)
 from stagescope.errors import UserError
 from stagescope.names import (
     ATTR_TOKEN_GAPS,
@@ -34,6 +48,7 @@ from stagescope.names import (
     SLI_E2E,
     SLI_ITL,
     SLI_TTFT,
+    SOURCE_TRACES,
     STATUS_CODE_CLIENT_CLOSED,
     TRITON_GPU_UTILIZATION,
 )
@@ -45,6 +60,7 @@ __all__ = [
     "evaluate",
     "neighbourhood_quantile",
     "network_expr",
+    "over_threshold_share",
     "quantiles",
     "request_filter",
     "scope_filter",
@@ -65,10 +81,18 @@ def sql_str(value: str) -> str:
 
 @dataclass
 class SLIView:
-    """The samples of one SLO as a temp table ``name`` with columns ``start_unix_ns``, ``value_ms``
-    and, per sample, the request's ``queue_depth``, ``batch_size`` and ``cold_start``; ``per_request``
-    is False for inter-token gaps (several samples per request), whose table also has the
-    ``trace_id`` of each gap's stream."""
+    """The samples of one SLO as a temp table ``name`` with columns ``start_unix_ns``, ``value_ms``,
+    ``w`` (requests the sample stands for) and, per sample, the request's ``queue_depth``,
+    ``batch_size`` and ``cold_start``; ``per_request`` is False for inter-token gaps (several samples
+    per request), whose table also has the ``trace_id`` of each gap's stream.
+
+    ``count``: samples (rows); ``weight_total``: requests (or gaps) they stand for; ``weighted``:
+    some ``w`` is not 1; ``source``: where the samples come from (``names.SOURCE_*``);
+    ``trace_samples``: the SLO's samples in the traces; ``sampling``: what the traces say about their
+    sampling (see analysis.sources); ``sampled_traces``: some traced sample has a sampling weight
+    other than 1. Per-request tables built from the traces also have ``pk``
+    (weighting.sampling_kind_sql). Rows a histogram adds for buckets no trace fell in have no
+    ``start_unix_ns`` (and no ``trace_id``)."""
 
     slo: SLO
     name: str
@@ -79,13 +103,41 @@ class SLIView:
     shed: int
     warnings: list[str] = field(default_factory=list)
     client_closed: int = 0
+    weight_total: float = 0.0
+    weighted: bool = False
+    source: str = SOURCE_TRACES
+    trace_samples: int = 0
+    sampling: dict[str, Any] = field(default_factory=dict)
+    sampled_traces: bool = False
+
+    def request_weight(self, con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
+        """SQL for a ``requests`` row's sampling weight (``"1.0"`` when no traced sample has one
+        other than 1: the common case costs no column read)."""
+        return sampling_weight_sql(con, alias) if self.sampled_traces else "1.0"
+
+    @property
+    def weight(self) -> str | None:
+        """The weight column to use, or None when every sample counts once."""
+        return "w" if self.weighted else None
 
     @property
     def arrivals(self) -> str:
-        """A relation with one ``start_unix_ns`` row per request (arrival) of the samples."""
+        """A relation with one ``start_unix_ns`` (arrival) and ``w`` row per request of the samples."""
         if self.per_request:
-            return self.name
-        return f"(SELECT DISTINCT trace_id, start_unix_ns FROM {self.name})"
+            return f"(SELECT start_unix_ns, w FROM {self.name} WHERE start_unix_ns IS NOT NULL)"
+        return (
+            f"(SELECT trace_id, start_unix_ns, any_value(w) AS w FROM {self.name} "
+            "WHERE start_unix_ns IS NOT NULL GROUP BY ALL)"
+        )
+
+    def count_rows(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Refresh ``count``, ``weight_total`` and ``weighted`` from the table (one pass)."""
+        row = con.execute(
+            f"SELECT count(*), coalesce(sum(w), 0), count(*) FILTER (WHERE w <> 1) FROM {self.name}"
+        ).fetchone()
+        self.count = int(row[0]) if row else 0
+        self.weight_total = float(row[1]) if row else 0.0
+        self.weighted = bool(row and row[2])
 
 
 #: Requests answered 429 (load shed) are not latency samples.
@@ -118,8 +170,11 @@ def network_expr(slo: SLO) -> str:
     return "greatest(client_duration_ms - duration_ms, 0)" if slo.sli == SLI_E2E else "NULL::DOUBLE"
 
 
-def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> SLIView:
-    """Create (or replace) the temp table of ``slo``'s samples and count them."""
+def sli_view(
+    con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli", *, complete_sources: bool = True
+) -> SLIView:
+    """Create (or replace) the temp table of ``slo``'s samples and count them; with
+    ``complete_sources`` a complete source that covers them gives the samples (analysis.sources)."""
     flt = request_filter(slo)
     warnings: list[str] = []
     per_request = True
@@ -134,15 +189,16 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
         raise UserError(f"unknown SLI {slo.sli!r}")
     extra = (
         "CAST(queue_depth AS DOUBLE) AS queue_depth, CAST(batch_size AS DOUBLE) AS batch_size, "
-        "CAST(cold_start AS BOOLEAN) AS cold_start"
+        f"CAST(cold_start AS BOOLEAN) AS cold_start, {sampling_weight_sql(con)} AS w"
     )
+    kind = f", {sampling_kind_sql(con)} AS pk"  # per-request tables: what is known of the sampling
     # materialized once: every later step (quantiles, windows, arrivals) reads this, not the inputs.
     # Per-request samples carry no trace id (the widest column by far); the breakdown reads the trace
     # ids of the requests it breaks down from ``requests`` (see attribution.build_breakdown)
     key = "" if per_request else "trace_id, "
     per_request_sql = (
         f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {key}start_unix_ns, CAST({value_expr} AS DOUBLE) "
-        f"AS value_ms, {extra} FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
+        f"AS value_ms, {extra}{kind if per_request else ''} FROM requests WHERE {flt} AND {value_expr} IS NOT NULL"
     )
     if per_request:
         con.execute(per_request_sql)
@@ -168,8 +224,6 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
                 "be off either way"
             )
             con.execute(per_request_sql)
-    row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
-    count = int(row[0]) if row else 0
     srow = con.execute(f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}").fetchone()
     shed = int(srow[0]) if srow else 0
     if shed:
@@ -187,7 +241,15 @@ def sli_view(con: duckdb.DuckDBPyConnection, slo: SLO, name: str = "ss_sli") -> 
             f"(status {STATUS_CODE_CLIENT_CLOSED}) and are not latency samples: if clients gave up on a slow "
             "server, the quantile reads better than they fared"
         )
-    return SLIView(slo, name, flt, value_expr, per_request, count, shed, warnings, closed)
+    view = SLIView(slo, name, flt, value_expr, per_request, 0, shed, warnings, closed)
+    view.count_rows(con)
+    view.trace_samples = view.count
+    view.sampled_traces = view.weighted
+    if complete_sources:
+        from stagescope.analysis.sources import use_complete_sources
+
+        use_complete_sources(con, view)
+    return view
 
 
 def neighbourhood_quantile(q: float) -> float:
@@ -201,9 +263,21 @@ def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float 
     (key ``"near"``) of the samples, in milliseconds (one pass)."""
     q = view.slo.quantile
     levels = [0.5, 0.95, 0.99, q, neighbourhood_quantile(q)]
-    row = con.execute(f"SELECT quantile_cont(value_ms, {levels}) FROM {view.name}").fetchone()
-    vals = row[0] if row and row[0] is not None else [None] * len(levels)
+    if view.weighted:
+        vals: list[Any] = weighted_quantiles(con, view.name, "value_ms", levels, "w")
+    else:
+        row = con.execute(f"SELECT quantile_cont(value_ms, {levels}) FROM {view.name}").fetchone()
+        vals = row[0] if row and row[0] is not None else [None] * len(levels)
     return dict(zip(("p50", "p95", "p99", "q", "near"), vals, strict=True))
+
+
+def over_threshold_share(con: duckdb.DuckDBPyConnection, view: SLIView) -> float | None:
+    """Share of the requests (or gaps) slower than the SLO threshold, weighted by ``w``."""
+    thr = view.slo.threshold_ms
+    row = con.execute(
+        f"SELECT sum(w) FILTER (WHERE value_ms > {thr!r}) / nullif(sum(w), 0) FROM {view.name}"
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -226,39 +300,52 @@ def windows(
         w_s = parse_duration_s(window)
     except ValueError as exc:
         raise UserError(f"bad --window: {exc}") from None
-    if w_s <= 0:
-        raise UserError(f"bad --window {window!r}: must be positive")
+    if not 0.001 <= w_s <= 366 * 86400:  # a window under 1 ms is 0 ns wide once rounded down
+        raise UserError(f"bad --window {window!r}: must be from 1ms to 366d")
     w_ns = int(w_s * 1e9)
     q = view.slo.quantile
     thr = view.slo.threshold_ms
     util = _util_sql(con)
     util_join = (
         f"LEFT JOIN (SELECT (ts_ms * 1000000 // {w_ns}) * {w_ns} AS w, avg(value) AS util FROM ({util}) "
-        "GROUP BY 1) u ON u.w = s.w"
+        "GROUP BY 1) u ON u.w = s.win"
         if util
         else ""
     )
     util_col = "u.util" if util else "NULL::DOUBLE"
+    wt = view.weight
+    by_window: list[dict[Any, Any]] = []
+    if wt is None:
+        qsel = f"quantile_cont(value_ms, [0.5, {q}]) AS qs"
+    else:  # each window's weighted p50 and SLO quantile (one sorted pass each), matched by window
+        src = f"(SELECT *, (start_unix_ns // {w_ns}) * {w_ns} AS win FROM {view.name} WHERE start_unix_ns IS NOT NULL)"
+        by_window = [
+            dict(con.execute(weighted_quantile_sql(src, "value_ms", x, "w", by="win")).fetchall())
+            for x in (0.5, q)
+        ]
+        qsel = "[NULL::DOUBLE, NULL::DOUBLE] AS qs"
     rows = con.execute(
         f"""
         WITH s AS (
-            SELECT (start_unix_ns // {w_ns}) * {w_ns} AS w, count(*) AS n,
-                   quantile_cont(value_ms, [0.5, {q}]) AS qs,
-                   avg(CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END) AS bad,
-                   avg(queue_depth) AS qd, avg(batch_size) AS bs
-            FROM {view.name} GROUP BY 1
+            SELECT (start_unix_ns // {w_ns}) * {w_ns} AS win, count(*) AS n, sum(w) AS nw, {qsel},
+                   {mean_sql(f"CASE WHEN value_ms > {thr} THEN 1.0 ELSE 0.0 END", None, wt)} AS bad,
+                   {mean_sql("queue_depth", None, wt)} AS qd, {mean_sql("batch_size", None, wt)} AS bs
+            FROM {view.name} WHERE start_unix_ns IS NOT NULL GROUP BY 1
         )
-        SELECT s.w, s.n, s.qs[1], s.qs[2], s.bad, s.qd, s.bs, {util_col}
-        FROM s {util_join} ORDER BY s.w
+        SELECT s.win, s.n, s.nw, s.qs[1], s.qs[2], s.bad, s.qd, s.bs, {util_col}
+        FROM s {util_join} ORDER BY s.win
         """
     ).fetchall()
     out = []
-    for w, n, p50, pq, bad, qd, bs, ut in rows:
+    for w, n, nw, p50, pq, bad, qd, bs, ut in rows:
+        if by_window:
+            p50, pq = by_window[0].get(w), by_window[1].get(w)
         out.append(
             {
                 "start_unix_ms": int(w // 1_000_000),
                 "seconds": w_s,
                 "samples": int(n),
+                "requests": round(float(nw)),
                 "p50_ms": _r(p50),
                 "quantile_ms": _r(pq),
                 "over_threshold_share": _r(bad, 4),
@@ -284,5 +371,6 @@ def evaluate(con: duckdb.DuckDBPyConnection, slo: SLO, window: str = DEFAULT_WIN
         "view": view,
         "quantiles": qs,
         "breached": breached,
+        "over_threshold_share": over_threshold_share(con, view) if view.count else None,
         "windows": windows(con, view, window) if view.count else [],
     }

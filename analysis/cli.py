@@ -13,6 +13,7 @@ from pathlib import Path
 
 from stagescope.errors import EXIT_NO_DATA, UserError
 from stagescope.names import STATUS_NO_DATA
+from stagescope.validate import http_url
 
 __all__ = ["register", "run"]
 
@@ -35,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories")
     p.add_argument("--metrics", nargs="+", default=[], metavar="PATH", help="Prometheus exposition snapshots")
     p.add_argument(
-        "--prometheus", metavar="URL", help="a live Prometheus to range-query over the incident window"
-    )
+        "--prometheus", metavar="URL", type=http_url,
+        help="a live Prometheus to range-query over the incident window",
+    )  # fmt: skip
     p.add_argument("--results", nargs="+", default=[], metavar="PATH", help="load-generator results.parquet")
     p.add_argument(
         "--slo", required=True, metavar="SPEC",
@@ -56,6 +58,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_inputs(args: argparse.Namespace) -> Path | None:
+    """What can be checked before reading any trace: the output file, and that Prometheus answers."""
+    from stagescope.paths import ensure_writable_file
+    from stagescope.validate import check_reachable
+
+    out = None
+    if args.out is not None:
+        out = ensure_writable_file(args.out, "the report", create_parents=False)
+    if args.prometheus:
+        check_reachable(args.prometheus, "--prometheus")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from stagescope.analysis.api import analyze
     from stagescope.analysis.report import render
@@ -64,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
 
     slos = restrict(parse_slo(args.slo), args.route, args.slo)
     try:
-        parse_duration_s(args.window)
+        window_s = parse_duration_s(args.window)
     except ValueError as exc:
         raise UserError(f"bad --window: {exc}") from None
-    out = Path(args.out) if args.out else None
-    if out is not None and out.parent and not out.parent.exists():
-        raise UserError(f"{out}: output folder {out.parent} does not exist")
+    if not 0.001 <= window_s <= 366 * 86400:  # the windows are whole nanoseconds, at least one sample wide
+        raise UserError(f"bad --window {args.window[:40]!r}: must be from 1ms to 366d")
+    out = _check_inputs(args)
     try:
         from stagescope.analysis.ingest import load_dataset
     except ImportError as exc:  # the ingest part is a separate module of this package

@@ -46,7 +46,12 @@ Model (stated, with its limits):
     from prefills joining a step, stalls, which the cap does not remove); the cap is
     ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
-    the step in progress and their own step, each carrying one 256-token chunk.
+    the step in progress and their own step, each carrying one 256-token chunk (these two LLM
+    models live in analysis.llm_levers).
+
+Sampled traces: every quantile and fit counts each breakdown row by the attribution's weight
+(``1 / sampling_p`` times its stratum's factor, analysis.weighting), and the arrivals and executor
+time the queueing models read are estimated from the weighted requests.
 
 Every model reads the stages by **kind** (analysis.kinds), not by name: "compute" is the time in
 the stages of kind compute (the batcher's ``compute``, a team's ``rerank``), "queue" that of kind
@@ -68,9 +73,14 @@ from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.keys import input_ref, trace_ref
+from stagescope.analysis.llm_levers import CHUNK_TOKENS, chunked_prefill, gap_prediction
+from stagescope.analysis.weighting import breakdown_quantile as _q
+from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [
+    "CHUNK_TOKENS",
     "MODEL_LEVERS",
     "batch_wait_cap_ms",
     "lever_prediction",
@@ -82,8 +92,6 @@ __all__ = [
 
 #: Levers that swap the model for a faster variant: their compute factor is the service's measurement.
 MODEL_LEVERS: frozenset[str] = frozenset({N.LEVER_QUANTIZE, N.LEVER_COMPILE_RUNTIME})
-#: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
-CHUNK_TOKENS = 256
 #: Levers whose fallback model caps the stage's tail at its baseline quantile, with the kind of stage
 #: each is for.
 _CAP_TO_BASELINE: dict[str, str] = {
@@ -94,79 +102,6 @@ _CAP_TO_BASELINE: dict[str, str] = {
     N.LEVER_CHUNKED_PREFILL: N.KIND_PREFILL,
     N.LEVER_SHRINK_REQUEST: N.KIND_INGRESS,
 }
-
-
-def _q(
-    con: duckdb.DuckDBPyConnection,
-    src: str,
-    expr: str,
-    q: float,
-    attr: Attribution | None = None,
-    *,
-    part: bool = False,
-) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src`` (the breakdown, or ``part`` of it).
-
-    When ``attr`` says the breakdown is a sample (large inputs), every request outside the
-    candidates stays at or below ``lower_ms`` (a lever only removes time), so a quantile of the whole
-    breakdown that lands above ``lower_ms`` is the matching quantile of the candidates' new values:
-    exact when all candidates are there, the sample's estimate otherwise. Any other quantile is
-    weighted by stratum (:func:`weighted_quantile`)."""
-    if attr is not None and attr.weight is not None:
-        if not part and attr.lower_ms is not None and attr.candidates > 0:
-            n, m = attr.total, attr.candidates
-            idx = q * (n - 1) - (n - m)  # position of the quantile among the m candidates (fractional)
-            if idx >= 0:
-                pos = min(1.0, idx / (m - 1)) if m > 1 else 0.0
-                row = con.execute(
-                    f"SELECT quantile_cont({expr}, {pos!r}) FROM {src} WHERE value_ms > {attr.lower_ms!r}"
-                ).fetchone()
-                if row and row[0] is not None and float(row[0]) > attr.lower_ms:
-                    return round(float(row[0]), 3)
-        return weighted_quantile(con, src, expr, q, attr.weight)
-    row = con.execute(f"SELECT quantile_cont({expr}, {q}) FROM {src}").fetchone()
-    return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile(
-    con: duckdb.DuckDBPyConnection, src: str, expr: str, q: float, weight: str
-) -> float | None:
-    """Quantile ``q`` of ``expr`` over ``src`` where each row stands for ``weight`` samples (SQL):
-    linear interpolation between the samples at ranks ``floor(h)`` and ``floor(h) + 1``,
-    ``h = q * (total weight - 1)``; with every weight 1 it is ``quantile_cont``."""
-    row = con.execute(f"SELECT value FROM ({weighted_quantile_sql(src, expr, q, weight)})").fetchone()
-    return None if row is None or row[0] is None else round(float(row[0]), 3)
-
-
-def weighted_quantile_sql(src: str, expr: str, q: float, weight: str, by: str | None = None) -> str:
-    """SQL of :func:`weighted_quantile` per group of ``by`` (columns ``g``, ``value``), or over all of
-    ``src`` (one row, ``g`` NULL)."""
-    return f"""WITH v AS (SELECT {by or "NULL"} AS g, {expr} AS v, {weight} AS w FROM {src}),
-                 k AS (SELECT * FROM v WHERE v IS NOT NULL AND w > 0),
-                 c AS (SELECT g, v, sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
-                              {q!r} * (sum(w) OVER (PARTITION BY g) - 1) AS h FROM k),
-                 b AS (SELECT g, max(v) FILTER (WHERE r0 <= floor(h)) AS lo,
-                              max(v) FILTER (WHERE r0 <= floor(h) + 1) AS hi, any_value(h - floor(h)) AS frac
-                       FROM c GROUP BY g)
-            SELECT g, lo + frac * (coalesce(hi, lo) - lo) AS value FROM b"""
-
-
-def weighted_slope(
-    con: duckdb.DuckDBPyConnection, src: str, y: str, x: str, weight: str | None
-) -> float | None:
-    """Least-squares slope of ``y`` on ``x`` over ``src`` (rows where both are known), each row
-    standing for ``weight`` samples (SQL; None: one each, DuckDB's ``regr_slope``). A sampled
-    breakdown over-represents the tail, so an unweighted fit over it would lean towards the tail."""
-    if weight is None:
-        row = con.execute(f"SELECT regr_slope({y}, {x}) FROM {src}").fetchone()
-    else:
-        row = con.execute(
-            f"""WITH v AS (SELECT {y} AS y, {x} AS x, {weight} AS w FROM {src}),
-                     k AS (SELECT * FROM v WHERE y IS NOT NULL AND x IS NOT NULL AND w > 0),
-                     m AS (SELECT sum(w * x) / sum(w) AS mx, sum(w * y) / sum(w) AS my FROM k)
-                SELECT sum(w * (x - mx) * (y - my)) / nullif(sum(w * (x - mx) * (x - mx)), 0) FROM k, m"""
-        ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
 
 
 def _base_q(ev: dict[str, Any], stage: str) -> float:
@@ -232,11 +167,6 @@ def _rho(ev: dict[str, Any]) -> float:
     return 0.5
 
 
-def _with_requests(cols: str) -> str:
-    """``ss_breakdown`` with columns ``cols`` computed from its per-request attributes."""
-    return f"(SELECT *, {cols} FROM {BREAKDOWN})"
-
-
 def _served_condition(attr: Attribution) -> tuple[str, bool] | None:
     """``(condition on stages s, per_batch)`` selecting the executor's work: the stages of kind compute
     (a batch is one interval however many requests it carries); for token streams without them (an
@@ -283,6 +213,26 @@ def executor_model(
     if row is None or not row[0] or not row[4]:
         return None
     busy_ms, mean_b, var_b, conc, n_served = row
+    if attr.weighted and attr.weight is not None:
+        # sampled traces: the kept requests' batches are not the executor's batches; per request, its
+        # batch's time over the batch size is its share of the executor (a stream: its own time holding
+        # a slot, prefill and decode), counted 1 / p times
+        w = attr.weight
+        if per_batch:
+            held = str(_kind_col(attr, N.KIND_COMPUTE))
+            share = f"{held} / greatest(coalesce(batch_size, 1), 1)"
+        else:
+            cols = [c for c in (_kind_col(attr, k) for k in (N.KIND_PREFILL, N.KIND_DECODE)) if c]
+            held = share = "(" + " + ".join(f"coalesce({c}, 0)" for c in cols) + ")"
+        got = con.execute(
+            f"""SELECT sum({w} * {share}) / sum({w}), sum({w} * {held}) / sum({w}), sum({w} * {held} * {held}) / sum({w})
+                FROM {BREAKDOWN} WHERE {held} > 0"""
+        ).fetchone()
+        if got is None or not got[0]:
+            return None
+        per_req, m1, m2 = (float(v) for v in got)
+        busy_ms, n_served = per_req, 1.0
+        mean_b, var_b = m1 * 1e6, max(0.0, m2 - m1 * m1) * 1e12  # ns, as the interval rows above
     arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(n_served))
     return {
         "executors": float(max(1, int(conc or 1))),
@@ -360,7 +310,7 @@ def _cap_batch_wait(
     arr = Q.arrivals(con, view.arrivals)
     slope = None
     if comp is not None:
-        got = weighted_slope(con, _with_requests("batch_size AS batch"), comp, "batch", attr.weight)
+        got = weighted_slope(con, with_columns("batch_size AS batch"), comp, "batch", attr.weight)
         slope = got if got is not None and got > 0 else None
     new_batch = 1.0 + arr.rate_per_s * cap / 1000.0
     shrink = "0"
@@ -370,7 +320,7 @@ def _cap_batch_wait(
         note = f"; batches shrink to ~{new_batch:.1f} items, saving {float(slope):.2f} ms of compute per item"
     pred = _q(
         con,
-        _with_requests("batch_size AS batch"),
+        with_columns("batch_size AS batch"),
         f"value_ms - greatest({col} - {cap!r}, 0) - {shrink}",
         view.slo.quantile,
         attr,
@@ -384,7 +334,9 @@ def _prewarm(
     """Prewarm: the requests that waited for a model load (and ran in the oversized batches of the
     backlog behind it) are served like the requests that did not, so the quantile after the lever is
     the quantile of the unaffected requests."""
-    src = f"(SELECT * FROM {_with_requests('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+    src = (
+        f"(SELECT * FROM {with_columns('cold_start AS cold')} WHERE {col} <= 0 AND NOT coalesce(cold, false))"
+    )
     row = con.execute(f"SELECT count(*) FROM {src}").fetchone()
     if not row or not row[0]:
         return None, "every request waited for a model load: nothing to compare with"
@@ -405,7 +357,7 @@ def lever_prediction(
     """Predicted SLO quantile (ms) after ``lever`` and a one-line statement of the model used."""
     q = view.slo.quantile
     if not view.per_request:  # inter-token gaps
-        return _gap_prediction(con, view, ev, lever)
+        return gap_prediction(con, view, ev, lever)
     col = _col(attr, stage)
     if lever == N.LEVER_SCALE_OUT and col is not None:
         got = _scale_out(con, view, attr, col)
@@ -417,7 +369,7 @@ def lever_prediction(
         if got is not None:
             return got
     if lever == N.LEVER_CHUNKED_PREFILL and col is not None:
-        got = _chunked_prefill(con, view, attr, col)
+        got = chunked_prefill(con, view, attr, col)
         if got is not None:
             return got
     if lever in _CAP_TO_BASELINE and col is not None:
@@ -503,90 +455,3 @@ def lever_prediction(
             con, BREAKDOWN, f"value_ms - greatest({col} - {cap!r}, 0)", q, attr
         ), f"{stage} capped at its baseline"
     return None, "no model for this stage"
-
-
-def _gap_prediction(
-    con: duckdb.DuckDBPyConnection, view: SLIView, ev: dict[str, Any], lever: str
-) -> tuple[float | None, str]:
-    q = view.slo.quantile
-    # each gap's running decode batch: its own where the server counted it, else its stream's mean
-    # (the view's batch_size, see breach.sli_view)
-    src = f"(SELECT *, batch_size AS running FROM {view.name})"
-    if lever == N.LEVER_SPECULATIVE_DECODING:
-        return _q(
-            con, view.name, "value_ms * 0.5", q
-        ), "decode gaps halved (speculative decoding, typical 2x)"
-    # the step fit of the evidence (median gap per running batch size, attribution.step_fit), else a
-    # least-squares fit over every gap
-    fit = [ev.get("batch_slope_ms"), ev.get("batch_intercept_ms")]
-    if fit[0] is None or fit[1] is None:
-        row = con.execute(f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running) FROM {src}").fetchone()
-        fit = [None, None] if row is None else [row[0], row[1]]
-    if fit[0] is not None and fit[1] is not None and float(fit[0]) > 0:
-        slope, icpt = float(fit[0]), float(fit[1])
-        cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
-        ev["running_cap"] = int(cap)  # the setting this prediction is for (the demo's lever check applies it)
-        # scatter around the fit among the gaps that already ran at a batch no larger than the cap (else
-        # the lowest decile of running batches): the interference (another stream's prompt in the step,
-        # a stall) that remains once the batch is pinned at the cap
-        res = None
-        for cond in (f"running <= {cap!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
-            res = con.execute(
-                f"""SELECT quantile_cont(value_ms - ({icpt!r} + {slope!r} * running), {q}), count(*)
-                    FROM {src} WHERE {cond}"""
-            ).fetchone()
-            if res is not None and res[1] and res[1] >= 1.0 / max(1e-9, 1.0 - q):
-                break
-        scatter = max(0.0, float(res[0])) if res and res[0] is not None else 0.0
-        before = _q(con, view.name, "value_ms", q)
-        pred = icpt + slope * cap + scatter
-        return (
-            round(pred if before is None else min(pred, before), 3),
-            f"running decode batch capped at {cap:.0f} streams, where the fitted step "
-            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
-            f"{scatter:.1f} ms scatter of the gaps that already ran at {cap:.0f} streams or fewer",
-        )
-    base = _q(con, view.name, "value_ms", 0.5)
-    if base is None:
-        return None, "no gaps"
-    return _q(
-        con, view.name, f"least(value_ms, {base * 1.5!r})", q
-    ), "slow gaps capped at 1.5x the median gap"
-
-
-def _chunked_prefill(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
-) -> tuple[float | None, str] | None:
-    """Chunked prefill: a prompt's own prefill is intrinsic (it is not made faster), but nobody waits
-    behind a long prefill for more than the step in progress plus its own step, each of which now
-    carries one chunk of the long prompt. Intrinsic prefill of a request = the p10 of
-    the prefill stage among requests of similar prompt length (power-of-two buckets); the per-token
-    cost is fitted across buckets; one step = the median inter-token gap plus one chunk's prefill."""
-    # on a sampled breakdown (which over-represents the tail) every statistic is weighted by stratum
-    w = attr.weight or "1.0"
-    src = _with_requests(f"input_tokens AS tokens, itl_mean_ms AS itl, {w} AS w")
-    bucketed = f"(SELECT *, floor(log2(greatest(tokens, 1))) AS k FROM {src})"  # power-of-two buckets
-    kq = f"(SELECT * FROM {bucketed} WHERE tokens IS NOT NULL)"
-    intrinsic = (
-        f"(SELECT g AS k, value AS intrinsic FROM ({weighted_quantile_sql(kq, col, 0.1, 'w', by='k')}))"
-    )
-    row = con.execute(
-        f"""WITH t AS (SELECT k, sum(w * tokens) / sum(w) AS t FROM {kq} WHERE w > 0 GROUP BY k)
-            SELECT regr_slope(i.intrinsic, t.t), count(*) FROM {intrinsic} i JOIN t USING (k)"""
-    ).fetchone()
-    if row is None or row[1] is None or row[1] < 2 or row[0] is None or row[0] <= 0:
-        return None
-    per_token, gap = float(row[0]), weighted_quantile(con, src, "itl", 0.5, "w") or 0.0
-    step = gap + CHUNK_TOKENS * per_token
-    pred = _q(
-        con,
-        f"{bucketed} LEFT JOIN {intrinsic} USING (k)",
-        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
-        view.slo.quantile,
-        attr,
-    )
-    return pred, (
-        f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
-        f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
-        f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
-    )

@@ -23,6 +23,10 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
 * ``model`` (when the service exported them, see :mod:`~stagescope.analysis.quality`): the served
   model's and its lever variants' eval-set accuracy and measured batch times;
   ``quality_budget_points``: the SLO's accuracy budget for model-changing levers.
+
+Sampled traces: shares, means and quantiles count each request ``1 / sampling_p`` times
+(analysis.weighting); whether an input repeats is judged on the inputs the kept traces show, so
+the repeated-input shares are lower bounds when most traces were not kept.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
 from stagescope.analysis.keys import input_ref
+from stagescope.analysis.weighting import mean_sql, weighted_quantiles
 from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
 
 __all__ = ["gather"]
@@ -90,20 +95,27 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
         flags = (
             f"SELECT trace_id, bool_or({tail}) AS is_tail, bool_or({base}) AS is_base FROM {src} GROUP BY 1"
         )
+        w = "w" if view.weighted else None
+        means = ", ".join(
+            mean_sql(e, c, w)
+            for e, c in (
+                ("repeated::INT", "is_tail AND input_hash IS NOT NULL"),
+                ("repeated::INT", "is_base AND input_hash IS NOT NULL"),
+                ("cold_start::INT", "is_tail"), ("cold_start::INT", "is_base"),
+                ("batch_size", "is_tail"), ("batch_size", "is_base"),
+            )
+        )  # fmt: skip
         row = con.execute(
-            f"""WITH r AS (SELECT q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base
+            f"""WITH r AS (SELECT q.input_hash, q.cold_start, q.batch_size, q.queue_depth, f.is_tail, f.is_base,
+                                  {view.request_weight(con, "q.")} AS w
                            FROM requests q JOIN ({flags}) f USING (trace_id)
                            WHERE {view.request_filter.replace("status_code", "q.status_code")}),
                 h AS (SELECT hash(input_hash) AS hh, count(*) AS c FROM requests
                       WHERE {view.request_filter} AND hash(input_hash) IN (SELECT hash(input_hash) FROM r) GROUP BY 1),
                 rr AS (SELECT r.*, coalesce(h.c, 0) >= 2 AS repeated FROM r LEFT JOIN h ON h.hh = hash(r.input_hash))
-            SELECT avg(repeated::INT) FILTER (WHERE is_tail AND input_hash IS NOT NULL),
-                   avg(repeated::INT) FILTER (WHERE is_base AND input_hash IS NOT NULL),
-                   avg(cold_start::INT) FILTER (WHERE is_tail), avg(cold_start::INT) FILTER (WHERE is_base),
-                   avg(batch_size) FILTER (WHERE is_tail), avg(batch_size) FILTER (WHERE is_base),
-                   (SELECT max(batch_size) FROM {view.name}),
-                   avg(queue_depth) FILTER (WHERE is_tail), avg(queue_depth) FILTER (WHERE is_base),
-                   (SELECT count(*) FROM requests WHERE {view.request_filter})
+            SELECT {means}, (SELECT max(batch_size) FROM {view.name}),
+                   {mean_sql("queue_depth", "is_tail", w)}, {mean_sql("queue_depth", "is_base", w)},
+                   (SELECT sum({view.request_weight(con)}) FROM requests WHERE {view.request_filter})
             FROM rr"""
         ).fetchone()
     assert row is not None
@@ -142,11 +154,12 @@ def _per_request_facts(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attr
     in its pass over the samples (``attr.facts``)."""
     tail, base = attr.tail_condition, attr.baseline_condition
     repeated = con.execute(
-        f"""WITH r AS (SELECT hh, ({tail}) AS is_tail, ({base}) AS is_base
-                       FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, {input_ref(con)} AS hh FROM requests
+        f"""WITH r AS (SELECT hh, w, ({tail}) AS is_tail, ({base}) AS is_base
+                       FROM (SELECT CAST({view.value_expr} AS DOUBLE) AS value_ms, {input_ref(con)} AS hh,
+                                    {view.request_weight(con)} AS w FROM requests
                              WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)
                        WHERE hh IS NOT NULL),
-                h AS (SELECT count(*) AS c, count(*) FILTER (WHERE is_tail) AS t, count(*) FILTER (WHERE is_base) AS b
+                h AS (SELECT count(*) AS c, sum(w) FILTER (WHERE is_tail) AS t, sum(w) FILTER (WHERE is_base) AS b
                       FROM r GROUP BY hh)
             SELECT coalesce(sum(t) FILTER (WHERE c >= 2), 0) / nullif(sum(t), 0),
                    coalesce(sum(b) FILTER (WHERE c >= 2), 0) / nullif(sum(b), 0)
@@ -165,6 +178,17 @@ def _stage_quantiles(
         return {}
     q = view.slo.quantile
     cols = list(attr.columns.items())
+    if attr.weighted and attr.weight is not None:
+        w = attr.weight
+        out_w: dict[str, dict[str, Any]] = {}
+        for stage, c in cols:
+            b = weighted_quantiles(con, BREAKDOWN, f"coalesce({c}, 0)", [0.5, q], w, attr.baseline_condition)
+            t = weighted_quantiles(con, BREAKDOWN, f"coalesce({c}, 0)", [0.5, q], w, attr.tail_condition)
+            out_w[stage] = {
+                "baseline_p50_ms": _f(b[0]), "baseline_q_ms": _f(b[1]),
+                "tail_p50_ms": _f(t[0]), "tail_q_ms": _f(t[1]),
+            }  # fmt: skip
+        return out_w
     sel = ", ".join(
         f"quantile_cont(coalesce({c}, 0), [0.5, {q}]) FILTER (WHERE {attr.baseline_condition}), "
         f"quantile_cont(coalesce({c}, 0), [0.5, {q}]) FILTER (WHERE {attr.tail_condition})"

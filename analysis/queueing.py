@@ -99,7 +99,19 @@ def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None =
     ``ca2`` is the squared coefficient of variation of the inter-arrival gaps; with ``scale_ms`` it is
     instead the index of dispersion of arrival counts in windows of that length (variance / mean of
     the counts; 1 for Poisson arrivals): the arrivals' variability at the time scale of one service,
-    which is what a queue feels (gap CV2 over-weights near-simultaneous sends)."""
+    which is what a queue feels (gap CV2 over-weights near-simultaneous sends).
+
+    Where the relation has a weight column ``w`` that is not all 1 (sampled traces: each kept request
+    stands for ``w`` requests), the rate is the summed weight over the time spanned, and ``ca2`` the
+    index of dispersion of the weighted counts less the sampling's own variance (``sum(w^2 - w)``
+    per window, for independent keep decisions); 1 (Poisson) without ``scale_ms``."""
+    weighted = (
+        con.execute(f"SELECT count(*) FILTER (WHERE w <> 1) FROM {view}").fetchone()
+        if _has_weight(con, view)
+        else None
+    )
+    if weighted and weighted[0]:
+        return _weighted_arrivals(con, view, scale_ms)
     row = con.execute(
         f"""WITH s AS (SELECT start_unix_ns - lag(start_unix_ns) OVER (ORDER BY start_unix_ns) AS gap
                        FROM {view})
@@ -122,3 +134,34 @@ def arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None =
         if idc is not None and idc[0] is not None:
             ca2 = float(idc[0])
     return Arrivals(1e9 / float(mean), min(4.0, max(0.25, ca2)) if math.isfinite(ca2) else 1.0, int(n))
+
+
+def _has_weight(con: duckdb.DuckDBPyConnection, view: str) -> bool:
+    try:
+        cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {view}").fetchall()}
+    except duckdb.Error:
+        return False
+    return "w" in cols
+
+
+def _weighted_arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: float | None) -> Arrivals:
+    row = con.execute(
+        f"SELECT count(*), sum(w), (max(start_unix_ns) - min(start_unix_ns)) / 1e9 FROM {view}"
+    ).fetchone()
+    if row is None or not row[0] or not row[2]:
+        return Arrivals(0.0, 1.0, int(row[0]) if row else 0)
+    n, total, span_s = int(row[0]), float(row[1]), float(row[2])
+    ca2 = 1.0
+    if scale_ms is not None and scale_ms > 0:
+        w_ns = max(1, int(scale_ms * 1e6))
+        idc = con.execute(
+            f"""WITH a AS (SELECT start_unix_ns, w FROM {view}),
+                     b AS (SELECT (start_unix_ns - (SELECT min(start_unix_ns) FROM a)) // {w_ns} AS k,
+                                  sum(w) AS c, sum(w * w - w) AS v FROM a GROUP BY 1),
+                     f AS (SELECT coalesce(b.c, 0) AS c, coalesce(b.v, 0) AS v FROM range((SELECT max(k) + 1 FROM b)) r(k)
+                           LEFT JOIN b USING (k))
+                SELECT (var_pop(c) - avg(v)) / avg(c) FROM f"""
+        ).fetchone()
+        if idc is not None and idc[0] is not None and math.isfinite(float(idc[0])):
+            ca2 = float(idc[0])
+    return Arrivals(total / span_s, min(4.0, max(0.25, ca2)), n)

@@ -11,9 +11,28 @@ import html
 import json
 from typing import Any
 
-from stagescope.names import KIND_UNKNOWN, STAGE_KINDS, STATUS_BREACHED, STATUS_MET, STATUS_NO_DATA
+from stagescope.names import (
+    KIND_UNKNOWN,
+    SOURCE_CLIENT_RESULTS,
+    SOURCE_METRICS,
+    SOURCE_TRACES,
+    STAGE_KINDS,
+    STATUS_BREACHED,
+    STATUS_MET,
+    STATUS_NO_DATA,
+)
 
-__all__ = ["headline", "render", "route_lines", "slo_words", "status", "to_html", "to_json", "to_text"]
+__all__ = [
+    "headline",
+    "render",
+    "route_lines",
+    "slo_words",
+    "sources_line",
+    "status",
+    "to_html",
+    "to_json",
+    "to_text",
+]
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -117,6 +136,9 @@ def to_text(report: dict[str, Any]) -> str:
         out.append(
             f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
         )
+        src = sources_line(report)
+        if src:
+            out.append(src)
     if report["attribution"]:
         out.append("")
         width = max(16, *(len(r["stage"]) + 2 for r in report["attribution"]))
@@ -174,6 +196,29 @@ def route_lines(report: dict[str, Any]) -> list[str]:
 def _lever_word(lv: dict[str, Any]) -> str:
     """A lever entry's lever, or what to do instead (a stage of unknown kind: name its kind)."""
     return lv["lever"] or ("name its kind" if lv.get("kind") == KIND_UNKNOWN else "measure first")
+
+
+_SOURCE_WORDS = {
+    SOURCE_TRACES: "the traces",
+    SOURCE_CLIENT_RESULTS: "the load generator's results (server-side: network taken out)",
+    SOURCE_METRICS: "the scraped request-duration histograms",
+}
+
+
+def sources_line(report: dict[str, Any]) -> str:
+    """Where the figures came from, and how the kept traces were weighted (one line; empty for
+    complete, unweighted traces, which is what the report always was)."""
+    src = report.get("sources") or {}
+    smp = report.get("sampling") or {}
+    q = src.get("quantile_ms")
+    if q is None or (q == SOURCE_TRACES and not smp.get("weighted")):
+        return ""
+    kept = smp.get("traced_requests")
+    how = "each weighted by 1/sampling probability" if smp.get("weighted") or smp.get("sampled") else ""
+    return (
+        f"quantiles and share over the threshold from {_SOURCE_WORDS.get(q, q)}; stages from {kept} "
+        f"kept traces{', ' + how if how else ''}"
+    )
 
 
 def counter_lines(report: dict[str, Any]) -> list[str]:
@@ -277,6 +322,7 @@ def to_html(report: dict[str, Any]) -> str:
         *head,
         f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
+        f"<p class='small' id='sources'>{e(sources_line(report))}</p>" if sources_line(report) else "",
         *_routes_html(report),
         "<h2>Where the tail's time went</h2>",
         _img(plots.breakdown_png(report), "stage breakdown, tail vs baseline", "plot-breakdown"),
@@ -285,7 +331,9 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows) if lever_rows else f"<p>{_no_lever(report)}</p>",
+        _table(["lever", "stage", "predicted", "rationale"], lever_rows)
+        if lever_rows
+        else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
         _img(plots.cdf_png(report), "latency CDF with threshold", "plot-cdf"),
         "<h2>Over time</h2>",
@@ -332,7 +380,10 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
     if skipped:
         out += [
             "<h2>Routes not checked</h2>",
-            _table(["route", "requests", "why"], [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped]),
+            _table(
+                ["route", "requests", "why"],
+                [[s["route"] or "(none)", s["requests"], s["why"]] for s in skipped],
+            ),
         ]
     return out
 
@@ -340,7 +391,9 @@ def _routes_html(report: dict[str, Any]) -> list[str]:
 def _warnings_html(report: dict[str, Any]) -> list[str]:
     if not report.get("warnings"):
         return []
-    return ["<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"]
+    return [
+        "<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"]) + "</ul>"
+    ]
 
 
 def _no_lever(report: dict[str, Any]) -> str:

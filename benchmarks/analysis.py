@@ -5,8 +5,9 @@ Builds a SYNTHETIC incident of ``--requests`` requests (default 1,000,000) with 
 per request so the critical-path code runs) and writes the pinned ``requests`` and ``stages``
 relations as Parquet, with the integer keys the ingest adds (``trace_key``, ``request_key``,
 ``input_key``: see analysis.keys; ``--no-keys`` leaves them out, as in relations built by hand;
-``--routes N`` spreads the requests over N routes, each checked on its own). Then, each in a fresh
-subprocess so peak memory is the analysis's own:
+``--routes N`` spreads the requests over N routes, each checked on its own) and the sampling
+probability the ingest reads from each span's ``th`` (every trace kept: ``sampling_p`` 1). Then,
+each in a fresh subprocess so peak memory is the analysis's own:
 
 * **time to a verdict from Parquet**: ``analyze()`` over DuckDB views on the Parquet files (goal
   <= 3 s here), printed beside DuckDB's plain ``GROUP BY stage`` over the same stage file, and their
@@ -63,7 +64,7 @@ COPY (
            NULL::DOUBLE AS itl_mean_ms, NULL::DOUBLE AS itl_p99_ms, NULL::DOUBLE AS itl_max_ms,
            NULL::BIGINT AS input_tokens, NULL::BIGINT AS output_tokens, batch AS batch_size, qd AS queue_depth,
            h AS input_hash, false AS cold_start, ff + pre + bw + q + comp + post + eg + 1.8 AS client_duration_ms,
-           'stagescope' AS source{req_keys}
+           'stagescope' AS source, 'baseline' AS sampled_reason, 1.0::DOUBLE AS sampling_p{req_keys}
     FROM r
 ) TO '{out}/requests.parquet' (FORMAT parquet, ROW_GROUP_SIZE 262144);
 COPY (

@@ -13,6 +13,7 @@ from typing import Any
 from stagescope.dashboards import gpu, latency, llm, slo
 from stagescope.dashboards.panels import render
 from stagescope.errors import UserError
+from stagescope.paths import ensure_writable_dir
 
 __all__ = ["DASHBOARDS", "build_dashboards", "rendered"]
 
@@ -32,9 +33,8 @@ def rendered() -> dict[str, str]:
 
 def build_dashboards(out_dir: str | Path) -> list[Path]:
     """Write every dashboard into ``out_dir`` (created if missing); returns the paths written."""
-    out = Path(out_dir)
+    out = ensure_writable_dir(out_dir, "dashboards")
     try:
-        out.mkdir(parents=True, exist_ok=True)
         written = []
         for name, text in rendered().items():
             (out / name).write_text(text, encoding="utf-8")

@@ -15,8 +15,9 @@ run's analysis had no samples (no data is never a verdict: the printout says why
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from stagescope import validate as V
 
 __all__ = ["DEFAULT_SCENARIO", "register", "run"]
 
@@ -54,28 +55,24 @@ def register(subparsers: Any) -> None:
                             "on llama-cpp; "
                             "`stagescope serve --list-scenarios`)")
     which.add_argument("--all", action="store_true", help="run every scenario and compare found vs true cause")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
+    p.add_argument("--duration", type=V.number(2.0, 3600.0), default=None, metavar="S",
                    help="seconds of load per run (default 20; 12 with --all)")
     p.add_argument("--out", default="out/demo", metavar="DIR", help="output folder (default out/demo)")
     p.add_argument("--apply-lever", action="store_true",
                    help="run again with the recommended lever applied; compare measured and predicted p99")
-    p.add_argument("--port", type=int, default=0, help="port for the service (default: a free one)")
+    p.add_argument("--port", type=V.port(), default=0, help="port for the service (default: a free one)")
     p.set_defaults(func=run)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from stagescope.demo.main import run_all, run_one
-    from stagescope.errors import UserError
+    from stagescope.paths import ensure_writable_dir
     from stagescope.service.engines import get_engine
 
-    if args.duration is not None and not 2.0 <= args.duration <= 3600.0:
-        raise UserError(f"--duration must be between 2 and 3600 seconds, got {args.duration:g}")
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     engine = get_engine(args.engine)
     scenario = engine.get_scenario(args.scenario or engine.default_scenario).name  # one line if unknown
     engine.check_available()
-    out = Path(args.out)
+    out = ensure_writable_dir(args.out, "the demo's output there")  # before any scenario starts
     if args.all:
         return run_all(out, duration_s=args.duration or 12.0, apply_lever=args.apply_lever, port=args.port,
                        engine=engine.name)  # fmt: skip

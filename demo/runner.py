@@ -1,9 +1,12 @@
 """One demo run: the reference service in a scenario, under a replayed real arrival trace, analysed.
 
 Steps (all local, no Docker): start ``stagescope serve`` as a child process on a local port with the
-scenario (and, for the lever check, the lever's setting change), keeping every trace; scrape its
-``/metrics`` every second; drive it open-loop with the load generator replaying the arrival times of
-a real Azure LLM trace scaled to the scenario's rate (request shapes from the scenario's workload);
+scenario (and, for the lever check, the lever's setting change), with stagescope's default sampling
+(every request slower than 250 ms or failed, 1 % of the rest, each span saying with what probability
+it was kept: the analysis weights them back, and the load results and the scraped metrics give the
+SLO quantile); scrape its ``/metrics`` every second; drive it open-loop with the load generator
+replaying the arrival times of a real Azure LLM trace scaled to the scenario's rate (request shapes
+from the scenario's workload);
 stop the service (its span sink flushes on shutdown); ingest spans, metrics and load results; run the
 breach analysis against the scenario's SLO; write ``report.json`` and ``report.html``.
 
@@ -41,6 +44,7 @@ import numpy as np
 
 from stagescope.demo.recorder import MetricsRecorder
 from stagescope.errors import UserError
+from stagescope.names import ENV_BASELINE_SAMPLE, ENV_SLOW_THRESHOLD_MS
 from stagescope.paths import ensure_writable_dir
 from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
 from stagescope.service.scenarios import PREDICT_ROUTE, Scenario
@@ -155,8 +159,15 @@ class ServiceProcess:
     ) -> None:  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
         cmd = engine.serve_command(sc, port=port, spans_dir=spans_dir, apply_lever=apply_lever, overrides=overrides)
-        env = dict(os.environ, OTEL_TRACES_SAMPLER="always_on", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # the embedded default records to local files
+        for key in (
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_TRACES_SAMPLER_ARG",
+            ENV_BASELINE_SAMPLE,
+            ENV_SLOW_THRESHOLD_MS,
+        ):
+            env.pop(key, None)  # stagescope's default sampling, whatever the shell exports
         self._log = log.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.log_path = log

@@ -14,10 +14,20 @@ What it installs:
 * the pure-ASGI :class:`~stagescope.instrumentation.middleware.StagescopeMiddleware` (``mode="fast"``,
   the default), or, with ``mode="otel-fastapi"``, opentelemetry-instrumentation-fastapi's
   ``FastAPIInstrumentor.instrument_app`` for the server span (its hooks and header capture; pass
-  them in ``otel_fastapi_options``) with stagescope's middleware inside it for the stages and metrics;
+  them in ``otel_fastapi_options``; its tracer provider is ``tracer_provider``, else the application's
+  global one, else stagescope's own) with stagescope's middleware inside it for the stages and metrics;
 * span export: through ``tracer_provider`` when given (an SDK ``TracerProvider``: spans go to its
-  processors), else OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else the embedded sink in
-  ``spans_dir`` / ``$STAGESCOPE_SPANS_DIR``; with none of them, metrics only (a warning says so);
+  processors); else through the application's own global SDK provider when it registered one
+  (``trace.set_tracer_provider`` before this call, or ``opentelemetry-instrument``) and either
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (that provider already exports there: no second exporter to
+  the same collector) or no ``spans_dir`` is given; else OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+  is set, else the embedded sink in ``spans_dir`` / ``$STAGESCOPE_SPANS_DIR``; with none of them,
+  metrics only (a warning says so). stagescope never registers a global provider;
+  ``handle.tracer_provider`` is the one its spans go to, for a user to register if they want their
+  own spans there (in fast mode it holds a request's spans until the request's keep decision);
+* which span is the request's when FastAPI, the stock instrumentor or ``opentelemetry-instrument``
+  make their own, and how the handler's spans become its children:
+  :mod:`stagescope.instrumentation.otel_context`;
 * the sampling policy (:mod:`stagescope.instrumentation.sampling`): slow (``slow_threshold_ms``) and
   failed requests always keep their trace, a ``baseline_sample`` share of the rest, and
   ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured;
@@ -32,8 +42,10 @@ What it installs:
 Idempotent and symmetric: instrumenting an instrumented app returns the existing handle;
 ``uninstrument_app`` removes the middleware, the metrics route and (otel-fastapi mode) the stock
 instrumentation, flushes and stops the span pipeline and unregisters the metric families. The
-middleware goes first in ``app.user_middleware`` (outermost of the user's middleware); an app that
-already served gets its middleware stack rebuilt on the next request.
+middleware goes first in ``app.user_middleware`` (outermost of the user's middleware), or just inside
+an OpenTelemetry middleware found there (Starlette's or the ASGI ``OpenTelemetryMiddleware``, whose span
+is then the request's); an app that already served gets its middleware stack rebuilt on the next
+request.
 """
 
 from __future__ import annotations
@@ -59,6 +71,12 @@ from stagescope.instrumentation.middleware import (
     RecordHook,
     RouteResolver,
     StagescopeMiddleware,
+)
+from stagescope.instrumentation.otel_context import (
+    RequestBoundSpanProcessor,
+    global_sdk_provider,
+    is_otel_server_middleware,
+    span_processor_of,
 )
 from stagescope.instrumentation.pipeline import SpanPipeline, deliver_to_provider
 from stagescope.instrumentation.sampling import SamplingPolicy
@@ -229,7 +247,14 @@ def instrument_app(
 
     owns_provider = False
     exporter: SpanExporter | None = None
+    user_provider = global_sdk_provider()  # the application's own, if it registered one; never ours
     provider = tracer_provider
+    if (
+        provider is None
+        and user_provider is not None
+        and (otlp_endpoint_configured() or not _has_local_destination(spans_dir))
+    ):  # the user's pipeline already goes to that collector (or stagescope was given nowhere else)
+        provider = user_provider
     if provider is None and (mode == "otel-fastapi" or _has_destination(spans_dir)):
         exporter = (
             make_span_exporter(spans_dir, metrics=metrics, shutdown_timeout_s=shutdown_timeout)
@@ -238,14 +263,23 @@ def instrument_app(
         )
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-        provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        # fast mode decides at a request's end, so its provider records every span (the keep decision
+        # drops them later); otel-fastapi mode's sampler (OTEL_TRACES_SAMPLER) decides at the start
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": service_name}),
+            sampler=ALWAYS_ON if mode == "fast" else None,
+        )
         if exporter is not None:  # our exporters only enqueue, so the simple processor never blocks
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            processor: Any = SimpleSpanProcessor(exporter)
+            # fast mode decides at the end of a request: spans made inside it wait for the decision
+            provider.add_span_processor(RequestBoundSpanProcessor(processor) if mode == "fast" else processor)
         owns_provider = True
     elif provider is None:
         _log.warning(
-            "stagescope: no span destination (spans_dir=, %s or OTEL_EXPORTER_OTLP_ENDPOINT): metrics only",
+            "stagescope: no span destination (spans_dir=, %s, OTEL_EXPORTER_OTLP_ENDPOINT or a global "
+            "TracerProvider): metrics only",
             ENV_SPANS_DIR,
         )
 
@@ -253,17 +287,16 @@ def instrument_app(
     builder = SpanBuilder(resource, fold_model=metrics.fold_model)
     pipeline: SpanPipeline | None = None
     if provider is not None and hasattr(provider, "_active_span_processor"):
-        if owns_provider and exporter is not None and mode == "fast":  # straight to our exporter
+        if owns_provider and exporter is not None:  # straight to our exporter
             pipeline = SpanPipeline(
                 builder, exporter.export, exporter_label="stagescope", metrics=metrics,
                 flush_downstream=lambda ms: exporter.force_flush(ms),
                 deliver_encoded=exporter.export_encoded if isinstance(exporter, JsonLinesSpanExporter) else None,
             )  # fmt: skip
-        elif not owns_provider or exporter is not None:
+        elif not owns_provider:
             pipeline = SpanPipeline(
                 builder, deliver_to_provider(provider), exporter_label="tracer_provider", metrics=metrics,
-                count_exported=not owns_provider, server_spans=(mode == "fast"),
-                flush_downstream=lambda ms: provider.force_flush(ms),
+                count_exported=True, flush_downstream=lambda ms: provider.force_flush(ms),
             )  # fmt: skip
     elif provider is not None:
         _log.warning("stagescope: tracer_provider is not an SDK TracerProvider; no spans are exported")
@@ -277,6 +310,7 @@ def instrument_app(
         mode=mode,
         excluded_paths=frozenset({metrics_path}),
         record_hook=record_hook,
+        destination=span_processor_of(provider) if pipeline is not None else None,
     )
     metrics_route = _mount_metrics(app, metrics_path, metrics)
     if mode == "otel-fastapi":
@@ -286,14 +320,18 @@ def instrument_app(
         for key, value in (otel_fastapi_options or {}).items():  # user hooks can never fail a request
             options[key] = _guarded_hook(key, value) if key.endswith("_hook") and callable(value) else value
         excluded = options.pop("excluded_urls", None)
-        FastAPIInstrumentor.instrument_app(
+        FastAPIInstrumentor.instrument_app(  # the user's provider if they have one, as the stock default
             app,
-            tracer_provider=provider,
+            tracer_provider=tracer_provider or user_provider or provider,
             excluded_urls=",".join(x for x in (excluded, metrics_path) if x),
             **options,
         )
-    # like app.add_middleware, but also on an app that already served (the stack is rebuilt lazily)
-    app.user_middleware.insert(0, Middleware(StagescopeMiddleware, state=state))
+    # like app.add_middleware, but also on an app that already served (the stack is rebuilt lazily);
+    # first, or just inside a middleware that opens the request's span (so that span is the request's)
+    at = max(
+        (i + 1 for i, m in enumerate(app.user_middleware) if is_otel_server_middleware(m.cls)), default=0
+    )
+    app.user_middleware.insert(at, Middleware(StagescopeMiddleware, state=state))
     app.middleware_stack = None
     handle = Instrumentation(
         app, service_name=service_name, mode=mode, metrics=metrics, policy=policy, state=state,
@@ -325,10 +363,12 @@ def _guarded_hook(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
+def _has_local_destination(spans_dir: object) -> bool:
+    return spans_dir is not None or bool(os.environ.get(ENV_SPANS_DIR, "").strip())
+
+
 def _has_destination(spans_dir: object) -> bool:
-    return (
-        spans_dir is not None or bool(os.environ.get(ENV_SPANS_DIR, "").strip()) or otlp_endpoint_configured()
-    )
+    return _has_local_destination(spans_dir) or otlp_endpoint_configured()
 
 
 def _mount_metrics(app: Any, path: str, metrics: StageMetrics) -> Any:

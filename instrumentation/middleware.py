@@ -24,9 +24,12 @@ drains the span pipeline and the exporter (bounded by the shutdown timeout, in a
 loop stays responsive) before the server hears that shutdown is complete. That is what makes a
 SIGTERM under uvicorn or gunicorn lose nothing (see :mod:`stagescope.instrumentation.lifecycle`).
 
-In ``otel-fastapi`` mode the stock instrumentor owns the server span: this middleware runs inside
-it, takes that span's ids, puts stagescope's attributes on it before it ends and emits the stage
-spans under it when it is sampled.
+When another instrumentation's span is current as the request comes in (the stock instrumentor in
+``otel-fastapi`` mode, FastAPI's own tracing, ``opentelemetry-instrument``), that span is the request
+span: this middleware takes its ids, puts stagescope's attributes on it before it ends and emits the
+stage spans under it. Otherwise stagescope's own span is the request span, and an OpenTelemetry
+context holding its ids is current while the request runs, so the handler's own spans are its
+children (rules in :mod:`stagescope.instrumentation.otel_context`).
 """
 
 from __future__ import annotations
@@ -37,15 +40,20 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry.trace import INVALID_SPAN, get_current_span
+
 from stagescope.instrumentation.disconnect import (
     ClientWatch,
     is_disconnect_error,
     log_client_closed,
     may_watch_at_start,
 )
+from stagescope.instrumentation.otel_context import join_live_span, request_context
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
-from stagescope.instrumentation.sampling import SamplingPolicy
+from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
+from stagescope.instrumentation.tracestate import parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
@@ -139,6 +147,9 @@ class MiddlewareState:
     mode: str = "fast"  # "fast" | "otel-fastapi"
     excluded_paths: frozenset[str] = frozenset()
     record_hook: RecordHook | None = None
+    #: the span processor stagescope's spans go to (its tracer provider's), to tell whether a live
+    #: request span reaches stagescope's destination by itself
+    destination: Any = None
     enabled: bool = True
     #: Runs (in a worker thread) when the app's lifespan shutdown is complete: drains span export.
     on_shutdown: Callable[[], object] | None = None
@@ -176,10 +187,12 @@ class StagescopeMiddleware:
             await self.app(scope, receive, send)
             return
         token = _current.set(rec)
+        # our own span is the request span: make its ids the current OpenTelemetry context
+        otel_token = request_context(rec) if rec.live_span is None else None
         finish = self._finish
-        # otel-fastapi: the stock middleware ends its server span inside the last send, so the record
-        # is finished (and the span annotated) just before that chunk is handed over.
-        finish_first = state.mode == "otel-fastapi"
+        # a live request span (another instrumentation's) ends inside the last send, so the record is
+        # finished (and the span annotated) just before that chunk is handed over.
+        finish_first = rec.live_span is not None
 
         def end(during: str = "before the answer was complete") -> None:
             if watch.closed:
@@ -215,6 +228,8 @@ class StagescopeMiddleware:
                 finish(rec)
             raise
         finally:
+            if otel_token is not None:
+                otel_context.detach(otel_token)  # type: ignore[arg-type]
             _current.reset(token)
             watch.stop()
             if rec.end_ns is None:  # the app returned without finishing its response
@@ -244,20 +259,42 @@ class StagescopeMiddleware:
         rec.route_matched = route is not None
         rec.scope = scope
         rec.sampled_reason = None
-        if state.mode == "otel-fastapi":
-            _join_live_span(rec)
+        rec.live_span = None
+        rec.live_sampled = False
+        rec.emit_server = True
+        rec.held_spans = None
+        rec.trace_state = None
+        rec.caller = None
+        header = None
+        seen = False
+        caller_state = b""
+        for k, v in scope.get("headers") or ():
+            if k == b"traceparent" and not seen:
+                header, seen = parse_traceparent(v), True
+            elif k == b"tracestate":  # W3C: several tracestate headers are one comma-joined list
+                caller_state = caller_state + b"," + v if caller_state else v
+        live = get_current_span()
+        ctx = None if live is INVALID_SPAN else live.get_span_context()
+        if ctx is not None and ctx.is_valid and not ctx.is_remote:
+            if join_live_span(rec, live, ctx, header, state.destination):
+                if state.mode == "otel-fastapi":  # its tracer provider's sampler decided (and set th)
+                    rec.trace_state = ctx.trace_state.to_header() if ctx.trace_state else None
+            else:
+                # another kind of local span (a user's span around the app): our span's parent
+                rec.trace_id, rec.parent_span_id = ctx.trace_id, ctx.span_id
+                rec.parent_sampled = bool(ctx.trace_flags.sampled)
+                rec.span_id = new_span_id()
+            if caller_state and header is not None and header[0] == rec.trace_id:
+                rec.caller = parse_tracestate(caller_state.decode("latin-1"))
         else:
-            parent = None
-            for k, v in scope.get("headers") or ():
-                if k == b"traceparent":
-                    parent = parse_traceparent(v)
-                    break
-            if parent is None:
+            if header is None:
                 rec.trace_id = new_trace_id()
                 rec.parent_span_id = 0
                 rec.parent_sampled = None
             else:
-                rec.trace_id, rec.parent_span_id, rec.parent_sampled = parent
+                rec.trace_id, rec.parent_span_id, rec.parent_sampled = header
+                if caller_state:  # only with a valid traceparent (W3C: tracestate goes with it)
+                    rec.caller = parse_tracestate(caller_state.decode("latin-1"))
             rec.span_id = new_span_id()
         try:
             state.metrics.request_started()
@@ -271,10 +308,18 @@ class StagescopeMiddleware:
         try:
             status = rec.status_code
             failed = rec.error_type is not None or (status is not None and status >= 500)
-            if state.mode == "otel-fastapi":
-                reason = "baseline" if rec.parent_sampled else None
+            if state.mode == "otel-fastapi":  # the instrumentor's sampler decided when the span started
+                reason = REASON_BASELINE if rec.live_sampled else None
             else:
-                reason = state.policy.decide(rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed)
+                caller = rec.caller
+                reason, threshold = state.policy.keep(
+                    rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed,
+                    caller.rv if caller is not None else None, rec.route,
+                )  # fmt: skip
+                if reason is not None:
+                    rec.trace_state = state.policy.tracestate(
+                        reason, rec.trace_id, rec.parent_sampled, caller, threshold
+                    )
             rec.sampled_reason = reason
             if state.record_hook is not None:
                 try:
@@ -286,26 +331,12 @@ class StagescopeMiddleware:
                 metrics.request_finished(rec, format(rec.trace_id, "032x") if reason else None)
             except Exception:
                 state.warn_once("publishing metrics")
-            if state.mode == "otel-fastapi":
+            if rec.live_span is not None:
                 _annotate_live_span(rec, state.builder)
             if reason is not None and state.pipeline is not None:
                 state.pipeline.submit(rec)
         except Exception:
             state.warn_once("publishing the request record")
-
-
-def _join_live_span(rec: TracedRecord) -> None:
-    """otel-fastapi mode: the instrumentor's server span is current; this record belongs to it."""
-    from opentelemetry import trace
-
-    ctx = trace.get_current_span().get_span_context()
-    if ctx.is_valid:
-        rec.trace_id, rec.span_id = ctx.trace_id, ctx.span_id
-        rec.parent_sampled = bool(ctx.trace_flags.sampled)
-    else:
-        rec.trace_id, rec.span_id, rec.parent_sampled = new_trace_id(), new_span_id(), False
-    rec.parent_span_id = 0
-    rec.live_span = trace.get_current_span()
 
 
 def _annotate_live_span(rec: TracedRecord, builder: SpanBuilder) -> None:

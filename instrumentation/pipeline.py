@@ -4,8 +4,12 @@ The middleware calls :meth:`SpanPipeline.submit` for every request the sampling 
 ``deque.append``). One background thread drains the queue, turns each record into spans with a
 :class:`~stagescope.instrumentation.tracing.SpanBuilder` and hands them on: to the embedded sink as
 OTLP/JSON objects built straight from the record, to any other exporter as ReadableSpans, or to a
-tracer provider's span processors (``deliver_to_provider``). When the queue is full new records are
-dropped and counted (``stagescope_spans_dropped_total{reason="queue_full"}``); the request never waits.
+tracer provider's span processors (``deliver_to_provider``). A record whose request span is another
+instrumentation's, and reaches the destination by itself, gets its stage spans only
+(``TracedRecord.emit_server``); spans the request made that waited for its keep decision
+(``TracedRecord.held_spans``) go out with it, as ReadableSpans to ``deliver``. When the queue is full
+new records are dropped and counted (``stagescope_spans_dropped_total{reason="queue_full"}``); the
+request never waits.
 """
 
 from __future__ import annotations
@@ -69,7 +73,6 @@ class SpanPipeline:
         exporter_label: str,
         metrics: Any = None,
         count_exported: bool = False,
-        server_spans: bool = True,
         max_queue: int = 16384,
         batch_size: int = 128,
         interval_s: float = 0.2,
@@ -82,7 +85,6 @@ class SpanPipeline:
         self.exporter_label = exporter_label
         self.metrics = metrics
         self.count_exported = count_exported
-        self.server_spans = server_spans
         self.max_queue = max_queue
         self.batch_size = batch_size
         self.interval_s = interval_s
@@ -142,21 +144,27 @@ class SpanPipeline:
             while q and len(batch) < self.batch_size:
                 batch.append(q.popleft())
             spans: list[Any] = []
+            held: list[Any] = []
             build: Callable[..., list[Any]] = (
                 self.builder.build if self.deliver_encoded is None else self.builder.otlp_spans
             )
             for i, rec in enumerate(batch):
                 try:
-                    spans.extend(build(rec, server=self.server_spans))
+                    spans.extend(build(rec, server=rec.emit_server))
                 except Exception:
                     self._warn("building spans failed")
                     self._count_dropped(1 + len(rec.stages), DROP_BUILD_FAILED)
+                if rec.held_spans:
+                    held.extend(rec.held_spans)
+                    rec.held_spans = None
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     time.sleep(0)  # hand the GIL to the event loop if it waits (short, frequent holds)
             try:
                 if spans and self.deliver_encoded is not None:
                     self.deliver_encoded(EncodedSpans(self.builder.resource, self.builder.scope, spans))
-                elif spans:
+                    spans = []
+                spans.extend(held)
+                if spans:
                     self.deliver(spans)
                     if self.count_exported and self.metrics is not None:
                         self.metrics.span_exported(len(spans), self.exporter_label)

@@ -27,11 +27,12 @@ from urllib.parse import unquote
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from stagescope import __version__
 from stagescope.instrumentation.otlp_json import encode_attributes
 from stagescope.instrumentation.record import RequestRecord, to_wall_ns
+from stagescope.instrumentation.tracestate import CallerState
 from stagescope.names import (
     ATTR_BATCH_SIZE,
     ATTR_COLD_START,
@@ -89,10 +90,19 @@ class TracedRecord(RequestRecord):
     ``trace_id``/``span_id``: this request's trace and server span (ints); ``parent_span_id``: the
     caller's span from ``traceparent`` (0 when none); ``parent_sampled``: the caller's sampled flag
     (``None`` without ``traceparent``); ``scope``: the ASGI scope (HTTP attributes are read from it
-    only if the trace is kept); ``route_matched``: a route template matched.
+    only if the trace is kept); ``route_matched``: a route template matched. When another
+    instrumentation's span is the request span (see :mod:`stagescope.instrumentation.otel_context`):
+    ``live_span`` is it (until its attributes are set), ``live_sampled`` its sampled flag, and
+    ``emit_server`` says whether stagescope still writes a server span with its identity;
+    ``held_spans``: spans the request made that wait for its keep decision
+    (``RequestBoundSpanProcessor``).
     """
 
     __slots__ = (
+        "caller",
+        "emit_server",
+        "held_spans",
+        "live_sampled",
         "live_span",
         "parent_sampled",
         "parent_span_id",
@@ -101,6 +111,7 @@ class TracedRecord(RequestRecord):
         "scope",
         "span_id",
         "trace_id",
+        "trace_state",
     )
 
     trace_id: int
@@ -110,7 +121,12 @@ class TracedRecord(RequestRecord):
     scope: MutableMapping[str, Any] | None
     route_matched: bool
     sampled_reason: str | None
-    live_span: Any  # otel-fastapi mode: the instrumentor's server span
+    trace_state: str | None  # W3C tracestate of the kept trace: its ``ot`` entry carries ``th``
+    caller: CallerState | None  # the caller's tracestate, when one came with its traceparent
+    live_span: Any  # another instrumentation's server span, when it is the request span
+    live_sampled: bool
+    emit_server: bool
+    held_spans: list[ReadableSpan] | None
 
     @property
     def trace_id_hex(self) -> str:
@@ -298,7 +314,7 @@ class SpanBuilder:
         failed = rec.error_type is not None or (rec.status_code or 0) >= 500
         return name, attrs, failed
 
-    def server_span(self, rec: TracedRecord) -> ReadableSpan:
+    def server_span(self, rec: TracedRecord, ts: TraceState | None = None) -> ReadableSpan:
         name, attrs, failed = self._server_parts(rec)
         status = Status(StatusCode.ERROR, rec.error_type) if failed else _STATUS_UNSET
         parent = None
@@ -308,7 +324,9 @@ class SpanBuilder:
         end_ns = rec.end_ns if rec.end_ns is not None else rec.start_ns
         return ReadableSpan(
             name=name,
-            context=SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED),
+            context=SpanContext(
+                rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED, trace_state=ts
+            ),
             parent=parent,
             resource=self.resource,
             attributes=attrs,
@@ -319,14 +337,16 @@ class SpanBuilder:
             instrumentation_scope=self.scope,
         )
 
-    def stage_spans(self, rec: TracedRecord) -> list[ReadableSpan]:
-        parent = SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED)
+    def stage_spans(self, rec: TracedRecord, ts: TraceState | None = None) -> list[ReadableSpan]:
+        parent = SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=_SAMPLED, trace_state=ts)
         out = []
         for iv in list(rec.stages):
             out.append(
                 ReadableSpan(
                     name=iv.stage,
-                    context=SpanContext(rec.trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED),
+                    context=SpanContext(
+                        rec.trace_id, new_span_id(), is_remote=False, trace_flags=_SAMPLED, trace_state=ts
+                    ),
                     parent=parent,
                     resource=self.resource,
                     attributes={ATTR_STAGE: iv.stage, ATTR_STAGE_KIND: iv.stage_kind},
@@ -344,9 +364,12 @@ class SpanBuilder:
         trace_hex = f"{rec.trace_id:032x}"
         server_hex = f"{rec.span_id:016x}"
         out: list[dict[str, Any]] = []
+        ts = rec.trace_state
         if server:
             name, attrs, failed = self._server_parts(rec)
             span: dict[str, Any] = {"traceId": trace_hex, "spanId": server_hex}
+            if ts:
+                span["traceState"] = ts
             if rec.parent_span_id:
                 span["parentSpanId"] = f"{rec.parent_span_id:016x}"
             span["flags"] = 0x301 if rec.parent_span_id else 0x101  # sampled | has-is-remote (| remote)
@@ -363,10 +386,12 @@ class SpanBuilder:
                 span["status"] = {}
             out.append(span)
         for iv in list(rec.stages):
+            stage: dict[str, Any] = {"traceId": trace_hex, "spanId": f"{new_span_id():016x}"}
+            if ts:
+                stage["traceState"] = ts
             out.append(
-                {
-                    "traceId": trace_hex,
-                    "spanId": f"{new_span_id():016x}",
+                stage
+                | {
                     "parentSpanId": server_hex,
                     "flags": 0x101,
                     "name": iv.stage,
@@ -384,7 +409,16 @@ class SpanBuilder:
 
     def build(self, rec: TracedRecord, *, server: bool = True) -> list[ReadableSpan]:
         """All spans of one request; ``server=False`` when another library owns the server span."""
-        spans = self.stage_spans(rec)
+        ts = _trace_state(rec.trace_state)
+        spans = self.stage_spans(rec, ts)
         if server:
-            spans.insert(0, self.server_span(rec))
+            spans.insert(0, self.server_span(rec, ts))
         return spans
+
+
+def _trace_state(header: str | None) -> TraceState | None:
+    """The SDK TraceState of a tracestate header value (None when there is none or it is invalid)."""
+    if not header:
+        return None
+    ts = TraceState.from_header([header])
+    return ts if len(ts) else None

@@ -33,12 +33,13 @@ from stagescope.loadgen.results import (
     write_results,
 )
 from stagescope.loadgen.runner import Engine, ProgressSnapshot
-from stagescope.loadgen.schedule import Schedule, synthetic_schedule
+from stagescope.loadgen.schedule import MAX_DURATION_S, Schedule, check_size, synthetic_schedule
 from stagescope.loadgen.spans import ClientSpanWriter
 from stagescope.loadgen.streams import OpenAIStream
 from stagescope.loadgen.template import BodyTemplate
 from stagescope.loadgen.traces import read_trace
 from stagescope.names import ENV_SPANS_DIR
+from stagescope.validate import check_http_url, check_span_destination
 
 __all__ = ["LoadRun", "Target", "build_schedule", "check_url", "default_route", "load", "resolve_target", "run_load"]
 
@@ -73,6 +74,8 @@ def build_schedule(
     A trace is replayed at ``speedup`` times its real pace, or time-scaled so its mean rate is ``rate``
     (not both), and cut at ``duration_s`` seconds of the (scaled) replay.
     """
+    if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:  # also refuses nan and inf
+        raise UserError(f"--duration must be a finite number in (0, {MAX_DURATION_S:g}] s, got {duration_s}")
     if trace is None:
         if rate is None or duration_s is None:
             raise UserError("give --rate and --duration for a synthetic schedule, or --trace PATH")
@@ -86,7 +89,9 @@ def build_schedule(
         schedule = schedule.scaled(speedup)
     elif rate is not None:
         schedule = schedule.scaled_to_rate(rate)
-    return schedule.limited(duration_s)
+    schedule = schedule.limited(duration_s)
+    check_size(len(schedule), schedule.duration_s, f"the replay of {schedule.source}")
+    return schedule
 
 
 def default_route(schedule: Schedule) -> str:
@@ -141,9 +146,8 @@ def resolve_target(url: str, route: str | None, api: str | None, schedule: Sched
 
 async def check_url(url: str, timeout_s: float = 3.0) -> None:
     """Raise :class:`UserError` (one line) unless a TCP connection to ``url``'s host and port opens."""
+    check_http_url(url, "--url")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"{url}: not an http(s) URL")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout_s)
@@ -159,7 +163,9 @@ async def check_url(url: str, timeout_s: float = 3.0) -> None:
 
 def _spans_enabled(spans_dir: str | os.PathLike[str] | None) -> bool:
     return spans_dir is not None or bool(
-        os.environ.get(ENV_SPANS_DIR) or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        os.environ.get(ENV_SPANS_DIR)
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     )
 
 
@@ -210,6 +216,8 @@ async def run_load(
         raise UserError(f"--repeat-share must be within [0, 1], got {repeat_share}")
     if concurrency_cap is not None and concurrency_cap < 1:
         raise UserError(f"--concurrency-cap must be at least 1, got {concurrency_cap}")
+    if not 0 < timeout_s < float("inf"):
+        raise UserError(f"--timeout must be a finite number of seconds > 0, got {timeout_s}")
     if out is not None:
         check_writable(os.fspath(out))
     for name, n in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens)):
@@ -220,6 +228,16 @@ async def run_load(
         k.lower() == "authorization" for k in hdrs
     ):
         hdrs["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
+    if span_writer is None and _spans_enabled(spans_dir):
+        check_span_destination(spans_dir, "client spans")
+        from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
+
+        try:
+            resolve_shutdown_timeout()  # the exporter of the CLIENT spans reads it after the run
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    if target.api is None and template is not None and "model" in template.names and model is None:
+        raise UserError(f"{template.source} uses {{{{model}}}}: give --model NAME")  # known before connecting
     if check_connect:
         await check_url(target.origin)
     if target.api is not None and model is None and (template is None or "model" in template.names):

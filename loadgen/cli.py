@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from stagescope import validate as V
+from stagescope.loadgen.limits import MAX_DURATION_S, MAX_RATE_RPS, MAX_TOKENS
+
 __all__ = ["register", "run"]
 
 
@@ -29,12 +32,14 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument(
-        "--url", required=True,
+        "--url", required=True, type=V.http_url,
         help="the endpoint, e.g. http://127.0.0.1:8000/v1/score (its path is the route); a URL without a "
         "path calls --route, else /v1/generate for LLM traces and /v1/predict otherwise (the reference "
         "service); with --api also the server or its OpenAI base URL (http://host:8000/v1)",
     )  # fmt: skip
-    p.add_argument("--route", default=None, help="path to call instead of the URL's path (an override)")
+    p.add_argument(
+        "--route", default=None, type=V.route, help="path to call instead of the URL's path (an override)"
+    )
     p.add_argument(
         "--api", choices=("openai-completions", "openai-chat"), default=None,
         help="an OpenAI-compatible server's streaming /v1/completions or /v1/chat/completions (vLLM, SGLang, "
@@ -42,7 +47,7 @@ def register(subparsers: Any) -> None:
         "ending in /completions or /chat/completions)",
     )  # fmt: skip
     p.add_argument(
-        "--model", default=None,
+        "--model", default=None, type=_model_name,
         help="model name the API asks for (default with --api: the first of GET /v1/models; fills {{model}})",
     )  # fmt: skip
     p.add_argument(
@@ -56,16 +61,16 @@ def register(subparsers: Any) -> None:
         "sent as a bearer token with --api when no Authorization header is given)",
     )  # fmt: skip
     p.add_argument(
-        "--prompt-tokens", type=int, default=128,
+        "--prompt-tokens", type=V.integer(1, MAX_TOKENS), default=128,
         help="prompt length of requests whose schedule has no token counts (synthetic schedules; default 128)",
     )  # fmt: skip
     p.add_argument(
-        "--output-tokens", type=int, default=32,
+        "--output-tokens", type=V.integer(1, MAX_TOKENS), default=32,
         help="max_tokens of requests whose schedule has no token counts (default 32)",
     )  # fmt: skip
     p.add_argument(
         "--rate",
-        type=float,
+        type=V.number(0, MAX_RATE_RPS, lo_open=True),
         default=None,
         help="requests per second (with --trace: rescale it to this mean rate)",
     )
@@ -77,13 +82,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--trace", default=None, help="arrival trace: Azure LLM CSV, Mooncake JSONL, or a CSV of offsets (s)"
     )
-    p.add_argument("--speedup", type=float, default=None, help="replay the trace this many times faster")
+    p.add_argument("--speedup", type=V.number(0, MAX_RATE_RPS, lo_open=True), default=None, help="replay the trace this many times faster")
     p.add_argument(
-        "--duration", type=float, default=None, help="seconds of schedule to run (required without --trace)"
+        "--duration", type=V.number(0, MAX_DURATION_S, lo_open=True), default=None, help="seconds of schedule to run (required without --trace)"
     )
     p.add_argument(
         "--concurrency-cap",
-        type=int,
+        type=V.integer(1, 1_000_000),
         default=None,
         help="at most N requests in flight (late ones still measured from their intended time)",
     )
@@ -95,17 +100,17 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--repeat-share",
-        type=float,
+        type=V.number(0, 1),
         default=0.0,
         help="share of /v1/predict requests that repeat an earlier input (0-1)",
     )
     p.add_argument(
-        "--predict-dim", type=int, default=16, help="number of floats in a generated /v1/predict input"
+        "--predict-dim", type=V.integer(1, 1 << 20), default=16, help="number of floats in a generated /v1/predict input"
     )
     p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds a request may take before it counts as failed"
+        "--timeout", type=V.number(0.001, 86400), default=60.0, help="seconds a request may take before it counts as failed"
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed for arrivals and inputs")
+    p.add_argument("--seed", type=V.integer(0, 2**63 - 1), default=0, help="random seed for arrivals and inputs")
     p.add_argument(
         "--realtime",
         action="store_true",
@@ -114,6 +119,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def _model_name(text: str) -> str:
+    """A model name for the request bodies: text without control characters."""
+    return V.check_text(text, "the model name", max_len=1024, error=argparse.ArgumentTypeError)
 
 
 def run(args: argparse.Namespace) -> int:

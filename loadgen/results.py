@@ -124,15 +124,11 @@ def results_table(results: Sequence[RequestResult]) -> pa.Table:
 
 
 def check_writable(path: str | Path) -> None:
-    """Raise :class:`UserError` now, before a run, if ``path`` could not be written at its end."""
-    p = Path(path)
-    probe = p.with_name(p.name + ".tmp")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"{p}: cannot write results: {exc.strerror or exc}") from None
+    """Raise :class:`UserError` now, before a run, if ``path`` could not be written at its end
+    (a directory in its place, a parent that is a file, no permission, a read-only file system)."""
+    from stagescope.paths import ensure_writable_file
+
+    ensure_writable_file(path, "results")
 
 
 def write_results(table: pa.Table, path: str | Path) -> Path:

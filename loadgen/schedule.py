@@ -17,11 +17,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from stagescope.errors import UserError
+from stagescope.loadgen.limits import MAX_DURATION_S, MAX_RATE_RPS, MAX_REQUESTS
 
-__all__ = ["ARRIVAL_KINDS", "Schedule", "parse_arrival", "synthetic_schedule"]
+__all__ = [
+    "ARRIVAL_KINDS",
+    "MAX_DURATION_S",
+    "MAX_RATE_RPS",
+    "MAX_REQUESTS",
+    "Schedule",
+    "check_size",
+    "parse_arrival",
+    "synthetic_schedule",
+]
 
 #: Arrival processes accepted by ``--arrival`` (``gamma`` takes ``:CV``, e.g. ``gamma:2.0``).
 ARRIVAL_KINDS: tuple[str, ...] = ("poisson", "gamma", "constant")
+
+def check_size(n_requests: float, duration_s: float, what: str) -> None:
+    """``UserError`` when a run of ``n_requests`` over ``duration_s`` seconds is beyond the bounds."""
+    if n_requests > MAX_REQUESTS:
+        raise UserError(
+            f"{what} makes {n_requests:.0f} requests; at most {MAX_REQUESTS} per run (lower --rate or --duration)"
+        )
+    if duration_s > MAX_DURATION_S:
+        raise UserError(
+            f"{what} lasts {duration_s:.0f} s; at most {MAX_DURATION_S:.0f} s per run "
+            "(cut it with --duration, or replay faster with --speedup)"
+        )
 
 
 @dataclass(frozen=True)
@@ -77,8 +99,8 @@ class Schedule:
 
     def scaled(self, speedup: float) -> Schedule:
         """Replay ``speedup`` times faster: every offset (and the span) divided by ``speedup``."""
-        if not speedup > 0:
-            raise UserError(f"--speedup must be positive, got {speedup}")
+        if not 0 < speedup < float("inf"):  # also refuses nan
+            raise UserError(f"--speedup must be a finite number > 0, got {speedup}")
         return dataclasses.replace(
             self,
             offsets_s=self.offsets_s / speedup,
@@ -88,8 +110,8 @@ class Schedule:
 
     def scaled_to_rate(self, rate_rps: float) -> Schedule:
         """Time-scale the schedule so that its mean rate is ``rate_rps`` (shape of the arrivals kept)."""
-        if not rate_rps > 0:
-            raise UserError(f"--rate must be positive, got {rate_rps}")
+        if not 0 < rate_rps <= MAX_RATE_RPS:
+            raise UserError(f"--rate must be a finite number in (0, {MAX_RATE_RPS:g}] requests/s, got {rate_rps}")
         if self.rate_rps <= 0:
             raise UserError(f"{self.source}: too few requests to scale to a rate")
         scaled = self.scaled(rate_rps / self.rate_rps)
@@ -99,8 +121,8 @@ class Schedule:
         """Keep the requests meant to be sent before ``duration_s`` seconds (``None``: keep all)."""
         if duration_s is None or duration_s >= self.duration_s:
             return self
-        if not duration_s > 0:
-            raise UserError(f"--duration must be positive, got {duration_s}")
+        if not 0 < duration_s < float("inf"):
+            raise UserError(f"--duration must be a finite number > 0, got {duration_s}")
         n = int(np.searchsorted(self.offsets_s, duration_s, side="left"))
         prompt, output, hashes = self._take(slice(0, n))
         return dataclasses.replace(
@@ -136,8 +158,8 @@ def parse_arrival(spec: str) -> tuple[str, float]:
             raise UserError(
                 f"--arrival gamma needs a coefficient of variation, e.g. gamma:2.0 (got {spec!r})"
             ) from None
-        if not cv > 0:
-            raise UserError(f"--arrival gamma:CV needs CV > 0 (got {spec!r})")
+        if not 0.001 <= cv <= 100:  # also refuses nan and inf; a tinier CV is --arrival constant
+            raise UserError(f"--arrival gamma:CV needs a CV from 0.001 to 100 (got {spec!r})")
         return "gamma", cv
     raise UserError(f"unknown --arrival {spec!r}; use poisson, constant or gamma:CV")
 
@@ -150,10 +172,11 @@ def synthetic_schedule(
     Poisson: exponential gaps. Gamma: gaps with shape ``1/CV**2`` and mean ``1/rate`` (CV > 1 is
     burstier than Poisson). Constant: one request every ``1/rate`` seconds, the first at 0.
     """
-    if not rate_rps > 0:
-        raise UserError(f"--rate must be positive, got {rate_rps}")
-    if not duration_s > 0:
-        raise UserError(f"--duration must be positive, got {duration_s}")
+    if not 0 < rate_rps <= MAX_RATE_RPS:  # also refuses nan and inf
+        raise UserError(f"--rate must be a finite number in (0, {MAX_RATE_RPS:g}] requests/s, got {rate_rps}")
+    if not 0 < duration_s <= MAX_DURATION_S:
+        raise UserError(f"--duration must be a finite number in (0, {MAX_DURATION_S:g}] s, got {duration_s}")
+    check_size(rate_rps * duration_s, duration_s, f"--rate {rate_rps:g} for --duration {duration_s:g} s")
     kind, cv = parse_arrival(arrival)
     mean_gap = 1.0 / rate_rps
     expected = rate_rps * duration_s

@@ -3,7 +3,7 @@
 Each request carries a W3C ``traceparent`` (``00-<trace id>-<span id>-01``); the span id is that of the
 CLIENT span written here, so the service's SERVER span is its child in the same trace. Spans are named
 ``"{METHOD} {route}"``, carry ``stagescope.client=true`` and run from the actual send to the end of the
-response. They go to the exporter of :func:`stagescope.instrumentation.export.make_span_exporter`
+response, and say they were kept with probability 1 (tracestate ``ot=th:0``). They go to the exporter of :func:`stagescope.instrumentation.export.make_span_exporter`
 (OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, else the embedded JSON-lines sink).
 
 Spans are built after the response is complete, from the recorded timestamps (measure, then publish),
@@ -27,10 +27,10 @@ from opentelemetry.semconv.attributes import (
     server_attributes,
     url_attributes,
 )
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from stagescope.loadgen.results import RequestResult
-from stagescope.names import ATTR_CLIENT, SERVER_SPAN_NAME_FORMAT
+from stagescope.names import ATTR_CLIENT, OT_THRESHOLD, SERVER_SPAN_NAME_FORMAT, TRACESTATE_OT
 
 __all__ = [
     "LOADGEN_SERVICE_NAME",
@@ -42,6 +42,8 @@ __all__ = [
 #: ``service.name`` of the load generator's spans.
 LOADGEN_SERVICE_NAME = "stagescope-loadgen"
 _SCOPE = InstrumentationScope("stagescope.loadgen", "0.1.0")
+#: Every request's CLIENT span is written: kept with probability 1 (OpenTelemetry's ``ot=th:0``).
+_KEPT_ALWAYS = TraceState([(TRACESTATE_OT, f"{OT_THRESHOLD}:0")])
 
 
 def new_ids() -> tuple[str, str]:
@@ -109,7 +111,10 @@ class ClientSpanWriter:
             attrs[error_attributes.ERROR_TYPE] = (
                 str(r.status) if r.status else (r.error or "error").split(":")[0]
             )
-        ctx = SpanContext(int(r.trace_id, 16), int(r.span_id, 16), is_remote=False, trace_flags=TraceFlags(1))
+        ctx = SpanContext(
+            int(r.trace_id, 16), int(r.span_id, 16), is_remote=False, trace_flags=TraceFlags(1),
+            trace_state=_KEPT_ALWAYS,
+        )  # fmt: skip
         return ReadableSpan(
             name=SERVER_SPAN_NAME_FORMAT.format(method=self.method, route=r.route),
             context=ctx,

@@ -58,6 +58,8 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 # a compiled piece: literal JSON bytes, or (name, typed) where typed=True inserts the value as JSON
 # and typed=False inserts its text inside an already-open JSON string
 _Piece = bytes | tuple[str, bool]
+#: Largest body template read (every request's body is built from it, ahead of its send time).
+MAX_TEMPLATE_BYTES = 16 * 2**20
 
 
 class BodyTemplate:
@@ -81,14 +83,20 @@ class BodyTemplate:
         """Read and compile a template file; bad input is a one-line :class:`UserError` naming the file."""
         p = Path(path)
         try:
-            raw = p.read_bytes()
+            with p.open("rb") as f:
+                raw = f.read(MAX_TEMPLATE_BYTES + 1)
         except OSError as exc:
             raise UserError(f"{p}: cannot read the body template: {exc.strerror or exc}") from None
+        if len(raw) > MAX_TEMPLATE_BYTES:
+            raise UserError(f"{p}: a body template is at most {MAX_TEMPLATE_BYTES // 2**20} MiB")
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise UserError(f"{p}: not JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
-        return cls(doc, source=str(p))
+        try:
+            return cls(doc, source=str(p))
+        except RecursionError:  # orjson reads 1,024 levels; compiling them recursively does not
+            raise UserError(f"{p}: the body template is nested too deeply") from None
 
     def _text(self, s: str, out: list[_Piece]) -> None:
         """The inside of a JSON string (without its quotes), placeholders as text slots."""

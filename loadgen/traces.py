@@ -19,12 +19,14 @@ Bad input raises :class:`~stagescope.errors.UserError` naming the file and line.
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from stagescope.errors import UserError
+from stagescope.loadgen.limits import MAX_TOKENS
 from stagescope.loadgen.schedule import Schedule
 
 __all__ = ["AZURE_HEADER", "OFFSET_COLUMNS", "read_trace"]
@@ -86,6 +88,8 @@ def _count(p: Path, lineno: int, raw: str, what: str) -> int:
         raise UserError(f"{p}:{lineno}: {what} is not an integer: {raw.strip()!r}") from None
     if value < 0:
         raise UserError(f"{p}:{lineno}: {what} is negative: {value}")
+    if value > MAX_TOKENS:
+        raise UserError(f"{p}:{lineno}: {what} is {value}; at most {MAX_TOKENS} tokens per request")
     return value
 
 
@@ -164,13 +168,13 @@ def _read_mooncake(p: Path, lines: list[str]) -> Schedule:
                 f"{p}:{lineno}: missing {', '.join(missing)} (Mooncake rows need timestamp, input_length, output_length)"
             )
         ts = row["timestamp"]
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or ts < 0:
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts < math.inf:
             raise UserError(f"{p}:{lineno}: timestamp must be non-negative milliseconds, got {ts!r}")
         stamps.append(float(ts) / 1000.0)
         for key, dest in (("input_length", prompt), ("output_length", output)):
             v = row[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise UserError(f"{p}:{lineno}: {key} must be a non-negative integer, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS:
+                raise UserError(f"{p}:{lineno}: {key} must be an integer from 0 to {MAX_TOKENS}, got {v!r}")
             dest.append(v)
         ids = row.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):

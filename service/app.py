@@ -34,7 +34,7 @@ import stagescope
 from stagescope import names as N
 from stagescope.instrumentation.batching import QueueFull
 from stagescope.service.backends import PredictItem, SimulatedAccelerator, SimulatedGpuCollector, make_backend
-from stagescope.service.features import Features
+from stagescope.service.features import Features, FeatureStoreUnavailable
 from stagescope.service.llm import EngineFull, LLMEngine
 from stagescope.service.model import ModelManager, ResultCache, hash_fraction, preprocess
 from stagescope.service.schemas import BadRequest, GenerateRequest, PredictRequest, parse_body, read_body
@@ -89,7 +89,7 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return self.model.ready and self.features_ready
+        return self.model.ready and self.features_ready and self.features.ready
 
     # -- /v1/predict ----------------------------------------------------------------------------
     async def predict(self, raw: bytes) -> Response:
@@ -241,6 +241,10 @@ def create_app(
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(FeatureStoreUnavailable)
+    async def feature_store_down(request: Request, exc: FeatureStoreUnavailable) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
     @app.post("/v1/predict")
     async def predict(request: Request) -> Response:

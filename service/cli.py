@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from stagescope import validate as V
 from stagescope.errors import UserError
 
 __all__ = ["register", "run"]
@@ -29,17 +30,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", choices=("simulated", "numpy", "torch", "onnx"), default=None,
                    help="model backend: simulated accelerator (default), numpy (real CPU compute), torch, or onnx "
                         "(a real digits classifier on ONNX Runtime with its own scenarios; the onnx extra)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", type=V.host, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=V.port(), default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--spans-out", metavar="DIR", default=None,
                    help="write spans as OTLP/JSON lines into DIR (embedded sink)")
     p.add_argument("--feature-store", metavar="URL", default=None,
                    help="'memory' (default, simulated latency) or redis://host:port/db (real Redis)")
     p.add_argument("--set", dest="assignments", action="append", metavar="KEY=VALUE", default=[],
                    help="override one setting (repeatable), e.g. --set max_batch_size=8")
-    p.add_argument("--slow-threshold-ms", type=float, default=None,
+    p.add_argument("--slow-threshold-ms", type=V.number(0, 3_600_000), default=None,
                    help="keep every trace slower than this (default: the instrumentation's)")
-    p.add_argument("--baseline-sample", type=float, default=None,
+    p.add_argument("--baseline-sample", type=V.number(0, 1), default=None,
                    help="share of the other traces kept (default: the instrumentation's; 1 keeps all)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
@@ -73,6 +74,28 @@ def _bind(host: str, port: int) -> Any:
     return sock
 
 
+def _check_telemetry(args: argparse.Namespace) -> None:
+    """The instrumentation's configuration (arguments, then ``STAGESCOPE_*`` and ``OTEL_*`` variables),
+    checked before the port is bound: one line naming the variable, not a traceback at start-up."""
+    import os
+
+    from stagescope import names
+    from stagescope.instrumentation.app import MODES
+    from stagescope.instrumentation.sampling import SamplingPolicy
+
+    mode = os.environ.get(names.ENV_INSTRUMENTATION_MODE, "").strip()
+    if mode and mode not in MODES:
+        raise UserError(f"{names.ENV_INSTRUMENTATION_MODE}={mode!r}: expected one of {', '.join(MODES)}")
+    from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
+
+    try:
+        SamplingPolicy.resolve(slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample)
+        resolve_shutdown_timeout()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    V.check_span_destination(args.spans_out, "spans there")
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -81,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
     from stagescope.service.settings import parse_assignments
 
     engine = engine_for_backend(args.backend or "simulated")
+    overrides: dict[str, Any] = parse_assignments(args.assignments)
     if args.list_scenarios:
         for sc in engine.scenarios.values():
             print(f"{sc.name:22} {sc.route:13} {sc.rate_rps:5.0f}/s  {sc.slo_spec:15} "
                   f"{sc.true_stage or '-':14} {sc.lever or '-':22} {sc.description}")  # fmt: skip
         return 0
-    overrides: dict[str, Any] = parse_assignments(args.assignments)
     if args.backend is not None:
         overrides["backend"] = args.backend
     if args.feature_store is not None:
@@ -98,12 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_settings:
         print(json.dumps(settings.to_dict(), indent=2, sort_keys=True))
         return 0
-    if args.baseline_sample is not None and not 0.0 <= args.baseline_sample <= 1.0:
-        raise UserError(f"--baseline-sample must be within [0, 1], got {args.baseline_sample}")
-    if args.spans_out is not None:
-        from stagescope.paths import ensure_writable_dir
-
-        ensure_writable_dir(args.spans_out, "spans there")
+    _check_telemetry(args)
 
     sock = _bind(args.host, args.port)
     import uvicorn

@@ -120,14 +120,14 @@ class Engine:
     def serve_command(
         self, sc: Scenario, *, port: int, spans_dir: Path, apply_lever: bool, overrides: Mapping[str, Any] | None = None
     ) -> list[str]:
-        """The command the demo runs to serve scenario ``sc`` on ``port`` (every trace kept), with
+        """The command the demo runs to serve scenario ``sc`` on ``port`` (stagescope's default sampling:
+        each kept span says with what probability, and the analysis weights them back), with
         ``overrides`` (from :attr:`sizing`) as ``--set``."""
         if self.command is not None:
             return self.command(sc, port=port, spans_dir=spans_dir, apply_lever=apply_lever, overrides=overrides)
         cmd = [
             sys.executable, "-m", "stagescope.cli", "serve", "--backend", self.backend, "--scenario", sc.name,
             "--host", "127.0.0.1", "--port", str(port), "--spans-out", str(spans_dir),
-            "--baseline-sample", "1",  # keep every trace: the analysis needs the baseline too
         ]  # fmt: skip
         for k, v in (overrides or {}).items():
             cmd += ["--set", f"{k}={v}"]

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +30,7 @@ from stagescope.service.settings import Settings
 __all__ = [
     "FeatureCache",
     "FeatureStore",
+    "FeatureStoreUnavailable",
     "Features",
     "InProcessFeatureStore",
     "LatencyModel",
@@ -36,6 +39,14 @@ __all__ = [
 ]
 
 _KEY_PREFIX = "stagescope:features:"
+_log = logging.getLogger(__name__)
+#: Seconds between attempts to reach a feature store that was down, and between repeated warnings.
+RETRY_S = 1.0
+WARN_EVERY_S = 60.0
+
+
+class FeatureStoreUnavailable(Exception):
+    """The feature store cannot be reached now; the request is answered 503 with ``Retry-After``."""
 
 
 @dataclass(frozen=True)
@@ -113,38 +124,93 @@ class RedisFeatureStore:
         self.url = url
         self.latency = LatencyModel.from_settings(settings)
         self._rng = random.Random(settings.seed + 1)
-        self._client = aioredis.from_url(url)
+        self._client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        self.available = False
+        self._last_warning = -WARN_EVERY_S
+        self._retry: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        s = self.settings
+        """Seed the table when missing. An unreachable Redis is not fatal: the service keeps serving
+        (``/readyz`` 503, ``/v1/predict`` 503) with one warning, and retries every ``RETRY_S``."""
         try:
-            present = await self._client.exists(f"{_KEY_PREFIX}{s.num_entities - 1}")
-            if not present:
-                pipe = self._client.pipeline(transaction=False)
-                for e in range(s.num_entities):
-                    pipe.set(f"{_KEY_PREFIX}{e}", _row(e, s.feature_dim, s.seed).tobytes())
-                await pipe.execute()
-        except OSError as exc:
-            raise UserError(f"feature store {self.url}: cannot reach Redis: {exc}") from None
+            await self._seed()
         except Exception as exc:  # redis.exceptions.ConnectionError is not an OSError
-            raise UserError(f"feature store {self.url}: {type(exc).__name__}: {exc}") from None
+            self.available = False
+            _log.warning(
+                "stagescope serve: warning: feature store %s is unreachable (%s); /readyz and /v1/predict "
+                "answer 503 until it is, retrying every %g s",
+                self.url, _reason(exc), RETRY_S,
+            )  # fmt: skip
+            self._last_warning = time.monotonic()
+            self._retry = asyncio.create_task(self._reconnect())
+            return
+        self.available = True
+
+    async def _seed(self) -> None:
+        s = self.settings
+        present = await self._client.exists(f"{_KEY_PREFIX}{s.num_entities - 1}")
+        if not present:
+            pipe = self._client.pipeline(transaction=False)
+            for e in range(s.num_entities):
+                pipe.set(f"{_KEY_PREFIX}{e}", _row(e, s.feature_dim, s.seed).tobytes())
+            await pipe.execute()
+
+    async def _reconnect(self) -> None:
+        while not self.available:
+            await asyncio.sleep(RETRY_S)
+            with contextlib.suppress(Exception):
+                await self._seed()
+                self.available = True
+                _log.warning("stagescope serve: feature store %s is reachable again", self.url)
+
+    def _unavailable(self, exc: BaseException) -> FeatureStoreUnavailable:
+        now = time.monotonic()
+        if self.available or now - self._last_warning >= WARN_EVERY_S:  # then one line a minute at most
+            self._last_warning = now
+            _log.warning(
+                "stagescope serve: warning: feature store %s lost (%s); /readyz and /v1/predict answer 503 "
+                "until it is back", self.url, _reason(exc),
+            )  # fmt: skip
+        if self.available:
+            self.available = False
+            self._retry = asyncio.create_task(self._reconnect())
+        return FeatureStoreUnavailable(f"feature store unavailable: {_reason(exc)}")
 
     async def get(self, entity: int) -> np.ndarray:
+        if not self.available:
+            raise FeatureStoreUnavailable(f"feature store {self.url} unavailable")
         await asyncio.sleep(self.latency.sample_s(self._rng))
-        raw = await self._client.get(f"{_KEY_PREFIX}{entity % self.settings.num_entities}")
+        try:
+            raw = await self._client.get(f"{_KEY_PREFIX}{entity % self.settings.num_entities}")
+        except Exception as exc:  # connection lost, timeout: redis-py's errors are not OSErrors
+            raise self._unavailable(exc) from None
         if raw is None:
             return np.zeros(self.settings.feature_dim, dtype=np.float32)
         return np.frombuffer(raw, dtype=np.float32)
 
     async def scan(self) -> dict[int, np.ndarray]:
         n = self.settings.num_entities
+        if not self.available:
+            raise FeatureStoreUnavailable(f"feature store {self.url} unavailable")
         await asyncio.sleep(self.latency.sample_s(self._rng))
-        raws = await self._client.mget([f"{_KEY_PREFIX}{e}" for e in range(n)])
+        try:
+            raws = await self._client.mget([f"{_KEY_PREFIX}{e}" for e in range(n)])
+        except Exception as exc:
+            raise self._unavailable(exc) from None
         return {e: np.frombuffer(r, dtype=np.float32) for e, r in enumerate(raws) if r is not None}
 
     async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retry
         with contextlib.suppress(Exception):
             await self._client.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
 
 
 def make_feature_store(settings: Settings) -> FeatureStore:
@@ -168,7 +234,8 @@ class FeatureCache:
         self.misses = 0
 
     async def start(self) -> None:
-        self._snapshot = await self.store.scan()
+        with contextlib.suppress(FeatureStoreUnavailable):  # filled by the refresh loop once it answers
+            self._snapshot = await self.store.scan()
         if self.refresh_s > 0:
             self._task = asyncio.create_task(self._refresh_loop())
 
@@ -205,6 +272,11 @@ class Features:
         await self.store.start()
         if self.cache is not None:
             await self.cache.start()
+
+    @property
+    def ready(self) -> bool:
+        """False while the store is known to be unreachable (``/readyz`` answers 503)."""
+        return bool(getattr(self.store, "available", True))
 
     async def get(self, entity: int) -> np.ndarray:
         entity %= self.settings.num_entities

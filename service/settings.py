@@ -24,14 +24,26 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from stagescope.errors import UserError
+from stagescope.validate import check_number, check_text
 
-__all__ = ["BACKENDS", "ORT_OPTIMIZATION_LEVELS", "Settings", "apply_overrides", "parse_assignments"]
+__all__ = [
+    "BACKENDS",
+    "BOUNDS",
+    "ORT_OPTIMIZATION_LEVELS",
+    "Settings",
+    "apply_overrides",
+    "check_feature_store_url",
+    "parse_assignments",
+]
 
 BACKENDS = ("simulated", "numpy", "torch", "onnx")
 #: ``ort_optimization`` values (ONNX Runtime graph optimization levels, see service.onnx_backend).
 ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+_HOUR_MS = 3_600_000  # whole numbers, so messages print them as such; a float lower bound keeps
+_DAY_S = 86_400  # the setting a float
 
 
 @dataclass(frozen=True)
@@ -114,21 +126,106 @@ class Settings:
                 f"setting ort_optimization must be one of {', '.join(ORT_OPTIMIZATION_LEVELS)}, "
                 f"got {self.ort_optimization!r}"
             )
-        for name in ("max_batch_size", "executors", "devices", "max_queue", "max_running", "max_waiting",
-                     "preprocess_workers", "num_entities", "feature_dim", "items_per_request",
-                     "heavy_items", "prefill_chunk_tokens", "max_body_bytes", "response_dim",
-                     "large_response_dim", "result_cache_size", "model_dim", "onnx_threads"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise UserError(f"setting {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("feature_slow_prob", "heavy_share", "large_response_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UserError(f"setting {name} must be within [0, 1], got {getattr(self, name)}")
         for f in fields(self):
-            if f.name.endswith(("_ms", "_s", "_bytes_per_s")) and getattr(self, f.name) < 0:
-                raise UserError(f"setting {f.name} must be >= 0, got {getattr(self, f.name)}")
+            value = getattr(self, f.name)
+            if f.name in _TEXT:
+                check_text(value, f"setting {f.name}")
+            elif f.name in BOUNDS:
+                lo, hi = BOUNDS[f.name]
+                check_number(value, f"setting {f.name}", lo=lo, hi=hi, integral=isinstance(lo, int))
+        for name, least in _ZERO_OR_AT_LEAST.items():
+            if 0 < getattr(self, name) < least:
+                raise UserError(f"setting {name} must be 0 (off) or at least {least:g}, got {getattr(self, name)!r}")
+        if self.num_entities * self.feature_dim > _MAX_FEATURE_FLOATS:
+            raise UserError(
+                f"settings num_entities x feature_dim = {self.num_entities * self.feature_dim} floats; "
+                f"at most {_MAX_FEATURE_FLOATS} (the feature table is held in memory)"
+            )
+        check_feature_store_url(self.feature_store)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: What each numeric setting may be, ``(lowest, highest)``; an ``int`` lowest means a whole number.
+#: Every duration is bounded too: ``launch_ms=1e12`` is not a fault scenario, it is a server that
+#: never answers. Sizes are bounded by what one process can hold (the feature table, the numpy model
+#: of ``model_dim**2`` floats, a response of ``large_response_dim`` floats).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "seed": (0, 2**63 - 1),
+    "feature_latency_ms": (0.0, _HOUR_MS),
+    "feature_latency_sigma": (0.0, 5.0),
+    "feature_slow_prob": (0.0, 1.0),
+    "feature_slow_min_ms": (0.0, _HOUR_MS),
+    "feature_slow_max_ms": (0.0, _HOUR_MS),
+    "feature_cache_refresh_s": (0.0, _DAY_S),
+    "num_entities": (1, 1_000_000),
+    "feature_dim": (1, 4096),
+    "preprocess_cpu_ms": (0.0, _HOUR_MS),
+    "preprocess_workers": (1, 256),
+    "max_batch_size": (1, 65_536),
+    "max_batch_wait_ms": (0.0, _HOUR_MS),
+    "max_queue": (1, 10_000_000),
+    "executors": (1, 1024),
+    "devices": (1, 1024),
+    "launch_ms": (0.0, _HOUR_MS),
+    "per_item_ms": (0.0, _HOUR_MS),
+    "items_per_request": (1, 100_000),
+    "heavy_share": (0.0, 1.0),
+    "heavy_items": (1, 100_000),
+    "result_cache_size": (1, 10_000_000),
+    "model_dim": (1, 8192),
+    "onnx_threads": (1, 1024),
+    "model_load_s": (0.0, _DAY_S),
+    "model_reload_every_s": (0.0, _DAY_S),
+    "response_dim": (1, 1 << 24),
+    "large_response_share": (0.0, 1.0),
+    "large_response_dim": (1, 1 << 24),
+    "egress_bytes_per_s": (0.0, 1e12),
+    "prefill_launch_ms": (0.0, _HOUR_MS),
+    "prefill_per_token_ms": (0.0, _HOUR_MS),
+    "decode_step_ms": (0.0, _HOUR_MS),
+    "decode_per_seq_ms": (0.0, _HOUR_MS),
+    "max_running": (1, 100_000),
+    "max_waiting": (1, 10_000_000),
+    "prefill_chunk_tokens": (1, 1_000_000),
+    "default_max_tokens": (1, 1_000_000),
+    "max_prompt_tokens": (1, 10_000_000),
+    "max_new_tokens": (1, 1_000_000),
+    "max_body_bytes": (1, 1 << 30),
+}
+#: Periods and rates where 0 means "off" and a tiny value would busy-loop or never finish a response.
+_ZERO_OR_AT_LEAST = {"egress_bytes_per_s": 1000.0, "feature_cache_refresh_s": 0.1, "model_reload_every_s": 1.0}
+_TEXT = ("service_name", "model_name", "llm_model_name")
+_MAX_FEATURE_FLOATS = 50_000_000
+
+
+def check_feature_store_url(url: str) -> None:
+    """``memory`` (or empty), or a Redis URL redis-py reads: ``redis[s]://[:password@]host[:port][/db]``
+    with a port in 1-65535 and a whole-number database, or ``unix:///path/to/socket``."""
+    if url in ("", "memory"):
+        return
+    shown = url if len(url) <= 80 else url[:77] + "..."
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise UserError(f"bad --feature-store {shown!r}: spaces or control characters")
+    if url.startswith("unix://"):
+        if not url[len("unix://") :].startswith("/"):
+            raise UserError(f"bad --feature-store {shown!r}: expected unix:///path/to/redis.sock")
+        return
+    if not url.startswith(("redis://", "rediss://")):
+        raise UserError(f"bad --feature-store {shown!r}: expected 'memory' or a redis://host:port/db URL")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"bad --feature-store {shown!r}: {exc} (the port must be from 1 to 65535)") from None
+    if not parts.hostname:
+        raise UserError(f"bad --feature-store {shown!r}: no host (e.g. redis://127.0.0.1:6379/0)")
+    if port == 0:
+        raise UserError(f"bad --feature-store {shown!r}: the port must be from 1 to 65535")
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise UserError(f"bad --feature-store {shown!r}: the database must be a whole number, got {db!r}")
 
 
 def _field_types() -> dict[str, Any]:
@@ -156,6 +253,8 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         except ValueError:
             raise UserError(f"setting {name}: expected an integer, got {value!r}") from None
     if typ is float:
+        if isinstance(value, bool):
+            raise UserError(f"setting {name}: expected a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError):

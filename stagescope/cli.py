@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import typing
 from collections.abc import Sequence
 
 from stagescope.errors import EXIT_USAGE, UserError
 from stagescope.extras import COMMAND_EXTRAS, require
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "OneLineParser", "build_parser", "main", "one_line"]
 
 #: The modules that register sub-commands, in the order ``stagescope --help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -35,8 +37,25 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t", 127: "\\x7f"}
+
+
+def one_line(message: str) -> str:
+    """``message`` with control characters escaped: a file name or value holding a newline must not
+    turn the one line a user gets into two."""
+    return message.translate(_CONTROL)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit status 2, like every other
+    bad input (argparse's own prints the usage block first). Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="stagescope",
         description="Find which stage ate your inference latency SLO, and which lever fixes it.",
     )
@@ -71,11 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     except UserError as exc:
-        print(f"stagescope {args.command}: error: {exc}", file=sys.stderr)
+        print(f"stagescope {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"stagescope {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout piped into e.g. `head`, which left: nothing to report, no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's flush at exit must not raise again
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

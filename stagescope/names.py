@@ -458,6 +458,10 @@ ATTR_MODEL: Final = "stagescope.model"  # folded model label value
 ATTR_COLD_START: Final = "stagescope.cold_start"  # bool: request waited for a model load
 ATTR_QUEUE_DEPTH: Final = "stagescope.queue_depth"  # int: requests waiting when this one was enqueued
 ATTR_SAMPLED_REASON: Final = "stagescope.sampled_reason"  # "slow", "error", "baseline"
+SAMPLED_SLOW: Final = "slow"  # sampled_reason: slower than the slow threshold, kept with probability 1
+SAMPLED_ERROR: Final = "error"  # sampled_reason: failed (5xx or exception), kept with probability 1
+SAMPLED_BASELINE: Final = "baseline"  # sampled_reason: kept by the head sampler (its ratio, in `th`)
+SAMPLED_REASONS: Final[tuple[str, ...]] = (SAMPLED_SLOW, SAMPLED_ERROR, SAMPLED_BASELINE)
 ATTR_ITL_MEAN: Final = "stagescope.itl.mean"  # seconds, mean inter-token gap of this stream
 ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
 ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
@@ -484,6 +488,27 @@ VLLM_ATTR_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_ATTR_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
 VLLM_ATTR_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 VLLM_ATTR_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+
+# --------------------------------------------------------------------------------------------------
+# Probability sampling (OpenTelemetry, specification/trace/tracestate-probability-sampling.md and
+# tracestate-handling.md): every span carries its sampler's rejection threshold ``th`` (56 bits, hex,
+# trailing zeros dropped) in the ``ot`` entry of the W3C tracestate; probability = (2^56 - th) / 2^56,
+# ``th:0`` = kept with probability 1. ``rv`` is an explicit 56-bit randomness value (14 hex digits).
+# --------------------------------------------------------------------------------------------------
+TRACESTATE_OT: Final = "ot"  # the OpenTelemetry entry of the W3C tracestate
+OT_THRESHOLD: Final = "th"  # ot sub-key: rejection threshold
+OT_RANDOMNESS: Final = "rv"  # ot sub-key: explicit randomness value
+SAMPLING_MAX_THRESHOLD: Final = 1 << 56  # 2^56: thresholds and randomness are 56-bit values
+JAEGER_TAG_TRACESTATE: Final = "w3c.tracestate"  # where the collector's Jaeger translator keeps it
+
+# --------------------------------------------------------------------------------------------------
+# Where the analysis report's figures come from (``report["sources"]``): the traces (weighted by the
+# inverse of each request's sampling probability), the load generator's results (every request it
+# sent), or the request-duration histograms of the scraped metrics (every request the server saw).
+# --------------------------------------------------------------------------------------------------
+SOURCE_TRACES: Final = "traces"
+SOURCE_CLIENT_RESULTS: Final = "client_results"
+SOURCE_METRICS: Final = "metrics"
 
 # --------------------------------------------------------------------------------------------------
 # Histogram bucket sets (seconds). Every set holds the non-integer SLO thresholds 0.25, 0.5 and 2.5 s
@@ -562,6 +587,7 @@ SEVERITY_TICKET: Final = "ticket"
 ENV_SPANS_DIR: Final = "STAGESCOPE_SPANS_DIR"
 ENV_SLOW_THRESHOLD_MS: Final = "STAGESCOPE_SLOW_THRESHOLD_MS"
 ENV_BASELINE_SAMPLE: Final = "STAGESCOPE_BASELINE_SAMPLE"
+ENV_BASELINE_MIN_PER_S: Final = "STAGESCOPE_BASELINE_MIN_PER_S"  # default policy's floor, traces/s/route
 ENV_MODELS: Final = "STAGESCOPE_MODELS"
 ENV_INSTRUMENTATION_MODE: Final = "STAGESCOPE_INSTRUMENTATION_MODE"
 #: Seconds a graceful stop (SIGTERM/SIGINT through the ASGI lifespan, atexit, ``shutdown()``) may spend

@@ -26,6 +26,7 @@ SLI's histogram has a ``route`` label (``e2e``) and, without one, alert on all r
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ import yaml
 
 from stagescope.errors import UserError
 from stagescope.names import SLI_E2E, SLIS
+from stagescope.safe_yaml import load_config_yaml
+from stagescope.validate import check_number, check_text
 
 __all__ = ["SLO", "load_slo_file", "parse_duration_s", "parse_slo"]
 
@@ -42,6 +45,9 @@ _SPEC = re.compile(
     r"^\s*(?:(?P<sli>[a-z0-9]+)\s*:\s*)?p(?P<pct>\d+(?:\.\d+)?)\s*<\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)\s*$"
 )
 _DURATION = re.compile(r"^(?P<num>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h|d|w)$")
+#: Bounds of an SLO's ``window``: at least the shortest burn-rate window, at most a leap year.
+MIN_WINDOW_S = 300.0
+MAX_WINDOW_S = 366 * 86400.0
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -63,14 +69,28 @@ class SLO:
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
             raise ValueError(f"unknown SLI {self.sli!r}; expected one of {', '.join(SLIS)}")
-        if not 0.0 < self.objective < 1.0:
-            raise ValueError(f"objective must be between 0 and 1 (exclusive), got {self.objective}")
-        if self.threshold_ms <= 0:
-            raise ValueError(f"threshold_ms must be positive, got {self.threshold_ms}")
-        parse_duration_s(self.window)
-        qb = self.quality_budget
-        if qb is not None and (isinstance(qb, bool) or not isinstance(qb, int | float) or not 0.0 <= qb <= 100.0):
-            raise ValueError(f"quality_budget must be a number of accuracy points in [0, 100], got {qb!r}")
+        check_number(
+            self.objective, "objective", lo=0.0, hi=1.0, lo_open=True, hi_open=True, error=ValueError
+        )
+        check_number(self.threshold_ms, "threshold_ms", lo=0.0, lo_open=True, error=ValueError)
+        check_text(self.name, "name", error=ValueError)
+        for key in ("service", "route", "model"):
+            if getattr(self, key) is not None:
+                check_text(getattr(self, key), key, max_len=1024, error=ValueError)
+        if not isinstance(self.window, str):
+            raise ValueError(f"window must be a duration such as 30d, got {self.window!r}")
+        try:
+            window_s = parse_duration_s(self.window)
+        except ValueError as exc:
+            raise ValueError(f"window: {exc}") from None
+        if window_s < MIN_WINDOW_S:
+            raise ValueError(
+                f"window must be at least 5m (the shortest burn-rate window), got {self.window!r}"
+            )
+        if window_s > MAX_WINDOW_S:
+            raise ValueError(f"window must be at most 366d, got {self.window[:40]!r}")
+        if self.quality_budget is not None:
+            check_number(self.quality_budget, "quality_budget", lo=0.0, hi=100.0, error=ValueError)
 
     @property
     def quantile(self) -> float:
@@ -110,11 +130,15 @@ class SLO:
 
 
 def parse_duration_s(text: str) -> float:
-    """``"30d"`` -> 2592000.0. Units: ms, s, m, h, d, w."""
+    """``"30d"`` -> 2592000.0. Units: ms, s, m, h, d, w. Zero, negative and overflowing ones are refused."""
+    shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
     m = _DURATION.match(str(text).strip())
     if not m:
-        raise ValueError(f"bad duration {text!r}; expected a number and one of ms, s, m, h, d, w (e.g. 30d)")
-    return float(m["num"]) * _UNIT_S[m["unit"]]
+        raise ValueError(f"bad duration {shown!r}; expected a number and one of ms, s, m, h, d, w (e.g. 30d)")
+    seconds = float(m["num"]) * _UNIT_S[m["unit"]]
+    if not 0.0 < seconds < math.inf:
+        raise ValueError(f"bad duration {shown!r}: must be > 0 and finite")
+    return seconds
 
 
 def parse_slo(spec: str) -> list[SLO]:
@@ -134,6 +158,9 @@ def parse_slo(spec: str) -> list[SLO]:
     if not 0 < pct < 100:
         raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100")
     threshold_ms = float(m["num"]) * (1000.0 if m["unit"] == "s" else 1.0)
+    if not math.isfinite(threshold_ms):
+        shown = spec if len(spec) <= 40 else spec[:37] + "..."
+        raise UserError(f"bad SLO {shown!r}: the threshold must be a finite number of ms or s")
     try:
         return [SLO(name=text.replace(" ", ""), sli=sli, threshold_ms=threshold_ms, objective=pct / 100.0)]
     except ValueError as exc:
@@ -141,50 +168,98 @@ def parse_slo(spec: str) -> list[SLO]:
 
 
 def load_slo_file(path: str | Path) -> list[SLO]:
-    """Read an SLO YAML file; every problem is a UserError naming the file and the item."""
+    """Read an SLO YAML file; every problem is a UserError naming the file, the line and the item.
+
+    The file is read with :func:`stagescope.safe_yaml.load_config_yaml` (size, alias expansion and
+    nesting bounded, duplicate keys refused); numbers must be numbers (``true`` is not 1, ``.nan`` is
+    not a threshold), text fields text.
+    """
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{p}: SLO file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{p}: cannot read SLO file: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{p}{where}: not valid YAML") from None
+    doc, root = load_config_yaml(p, "SLO file")
     if not isinstance(doc, dict) or not isinstance(doc.get("slos"), list) or not doc["slos"]:
         raise UserError(f"{p}: expected a mapping with a non-empty list 'slos:'")
-    known = {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
-             "quality_budget"}  # fmt: skip
+    lines = _item_lines(root)
     out: list[SLO] = []
     names: set[str] = set()
     for i, item in enumerate(doc["slos"]):
-        where = f"{p}: slos[{i}]"
+        item_line, key_lines = lines[i] if i < len(lines) else (None, {})
+        where = f"{p}:{item_line}: slos[{i}]" if item_line else f"{p}: slos[{i}]"
         if not isinstance(item, dict):
             raise UserError(f"{where}: expected a mapping")
-        unknown = set(item) - known
+        unknown = set(map(str, item)) - _KNOWN_KEYS
         if unknown:
             raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         for key in ("name", "service", "sli", "threshold_ms", "objective"):
             if key not in item:
                 raise UserError(f"{where}: missing '{key}'")
         try:
-            slo = SLO(
-                name=str(item["name"]),
-                service=str(item["service"]),
-                sli=str(item["sli"]),
-                route=None if item.get("route") is None else str(item["route"]),
-                model=None if item.get("model") is None else str(item["model"]),
-                threshold_ms=float(item["threshold_ms"]),
-                objective=float(item["objective"]),
-                window=str(item.get("window", "30d")),
-                quality_budget=item.get("quality_budget"),
-            )
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"{where} ({item.get('name')}): {exc}") from None
+            slo = _slo_from_item(item)
+        except ValueError as exc:
+            bad_key = next((k for k in key_lines if str(exc).startswith(k)), None)
+            at = f"{p}:{key_lines[bad_key]}: slos[{i}]" if bad_key else where
+            name = item["name"]
+            label = name if isinstance(name, str) and name.isprintable() and len(name) < 80 else None
+            raise UserError(f"{at}{f' ({label})' if label else ''}: {exc}") from None
         if slo.name in names:
             raise UserError(f"{where}: duplicate SLO name {slo.name!r}")
         names.add(slo.name)
         out.append(slo)
     return out
+
+
+_KNOWN_KEYS = frozenset(
+    {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
+     "quality_budget"}
+)
+
+
+def _slo_from_item(item: dict[str, Any]) -> SLO:
+    """One SLO from its YAML mapping; ``ValueError`` messages start with the offending key."""
+
+    def text(key: str, optional: bool = False) -> str | None:
+        value = item.get(key)
+        if value is None and optional:
+            return None
+        return check_text(value, key, max_len=1024, error=ValueError)
+
+    return SLO(
+        name=str(text("name")),
+        service=text("service"),
+        sli=str(check_text(item["sli"], "sli", error=ValueError)),
+        route=text("route", optional=True),
+        model=text("model", optional=True),
+        threshold_ms=check_number(
+            item["threshold_ms"], "threshold_ms", lo=0.0, lo_open=True, error=ValueError
+        ),
+        objective=check_number(
+            item["objective"], "objective", lo=0.0, hi=1.0, lo_open=True, hi_open=True, error=ValueError
+        ),
+        window=item.get("window", "30d") if isinstance(item.get("window", "30d"), str) else _bad_window(item),
+        quality_budget=None
+        if item.get("quality_budget") is None
+        else check_number(item["quality_budget"], "quality_budget", lo=0.0, hi=100.0, error=ValueError),
+    )
+
+
+def _bad_window(item: dict[str, Any]) -> str:
+    value = item["window"]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(f"window: bad duration {value!r}; expected a number and a unit, e.g. 30d")
+    raise ValueError(f"window must be a duration such as 30d, got {value!r}")
+
+
+def _item_lines(root: Any) -> list[tuple[int | None, dict[str, int]]]:
+    """Per item of ``slos:``, its line and the line of each of its keys (from the composed YAML)."""
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for k, v in root.value:
+        if getattr(k, "value", None) == "slos" and isinstance(v, yaml.SequenceNode):
+            out: list[tuple[int | None, dict[str, int]]] = []
+            for item in v.value:
+                keys = {}
+                if isinstance(item, yaml.MappingNode):
+                    keys = {str(ik.value): int(ik.start_mark.line) + 1 for ik, _ in item.value
+                            if isinstance(ik, yaml.ScalarNode)}  # fmt: skip
+                out.append((int(item.start_mark.line) + 1, keys))
+            return out
+    return []

@@ -157,8 +157,8 @@ def test_pretty_printed_gzip_document(tmp_path: Path) -> None:
 
 
 def test_relations_have_the_pinned_schema() -> None:
-    """The column names and types pinned in the plan ("Analysis tables"), even with no input, plus the
-    integer keys (analysis.keys) at the end."""
+    """The column names and types pinned in the plan ("Analysis tables"), even with no input, with the
+    sampling probability (issue 14) and the integer keys (analysis.keys) at the end."""
     ds = load_dataset()
     schema = {
         rel: _rows(ds, f"DESCRIBE {rel}") for rel in ("requests", "stages", "token_gaps", "metric_samples")
@@ -169,14 +169,16 @@ def test_relations_have_the_pinned_schema() -> None:
         ("start_unix_ns", "BIGINT"), ("duration_ms", "DOUBLE"), ("ttft_ms", "DOUBLE"), ("itl_mean_ms", "DOUBLE"),
         ("itl_p99_ms", "DOUBLE"), ("itl_max_ms", "DOUBLE"), ("input_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
         ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
-        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"),
-        ("request_key", "UBIGINT"),
+        ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("sampled_reason", "VARCHAR"),
+        ("sampling_p", "DOUBLE"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"), ("request_key", "UBIGINT"),
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),
         ("duration_ms", "DOUBLE"), ("trace_key", "UBIGINT"), ("request_key", "UBIGINT"), ("kind", "VARCHAR"),
     ]  # fmt: skip
-    assert [(c[0], c[1]) for c in schema["token_gaps"]] == [("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE")]
+    # running: the gap's own running decode batch where the server counted it (issue 17, at the end)
+    assert [(c[0], c[1]) for c in schema["token_gaps"]] == [
+        ("trace_id", "VARCHAR"), ("gap_ms", "DOUBLE"), ("running", "DOUBLE")]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["metric_samples"]] == [
         ("metric", "VARCHAR"), ("labels", "MAP(VARCHAR, VARCHAR)"), ("value", "DOUBLE"), ("ts_ms", "BIGINT"),
         ("source", "VARCHAR"),
@@ -324,4 +326,42 @@ def test_concurrent_requests_of_one_trace_keep_their_own_stages(tmp_path: Path) 
     assert got[100.0]["compute"] == pytest.approx(90.0) and not got[100.0].get("feature_fetch")
     assert got[50.0]["feature_fetch"] == pytest.approx(45.0) and not got[50.0].get("compute")
     assert got[50.0]["unattributed"] == pytest.approx(5.0)
+    ds.close()
+
+
+def test_one_request_per_span_id_whatever_instrumentation_wrote_it(tmp_path: Path) -> None:
+    """The identity rule: a request is one span id. (a) The same request span written by the service's
+    own tracer provider (FastAPI's span, no stage spans) and by stagescope's sink (the same ids, its
+    stage spans) is one request, broken down by its own stages; (b) a second SERVER span opened in the
+    same process directly under the request span (two instrumentations) is not a second request, and
+    the stages under it are the outer request's."""
+    user_side, sink_side, nested = [], [], []
+    for i in range(6):
+        tid, t0 = _tid(i), T0 + i * 10**9
+        ours = request_spans(tid, t0, [("feature_fetch", 1.0, 20.0 + i), ("compute", 21.0 + i, 4.0)],
+                             attributes={"stagescope.cold_start": False})  # fmt: skip
+        server = ours[0]
+        sink_side += ours
+        user_side.append(SynthSpan(tid, server.span_id, server.name, t0 - 200_000, server.end_ns + 300_000,
+                                   kind=KIND_SERVER, attributes={"http.route": "/v1/predict"}))  # fmt: skip
+        outer = SynthSpan(_tid(100 + i), "a" * 15 + str(i), "POST /v1/predict", t0, t0 + 40 * 10**6,
+                          kind=KIND_SERVER, attributes={"http.route": "/v1/predict"})  # fmt: skip
+        inner = SynthSpan(outer.trace_id, "b" * 15 + str(i), "POST /v1/predict", t0 + 10**5, t0 + 39 * 10**6,
+                          parent_span_id=outer.span_id, kind=KIND_SERVER)  # fmt: skip
+        stage = SynthSpan(outer.trace_id, "c" * 15 + str(i), "compute", t0 + 10**6, t0 + 31 * 10**6,
+                          parent_span_id=inner.span_id, attributes={names.ATTR_STAGE: "compute"})  # fmt: skip
+        nested += [outer, inner, stage]
+    write_otlp_lines(tmp_path / "user.jsonl", user_side)
+    write_otlp_lines(tmp_path / "sink.jsonl", sink_side)
+    write_otlp_lines(tmp_path / "nested.jsonl", nested)
+    ds = load_dataset(traces=[tmp_path])
+    assert _rows(ds, "SELECT count(*), count(DISTINCT trace_id) FROM requests") == [(12, 12)]
+    # the copy kept is the longer one (the user side's: the outermost measurement of the span)
+    assert _rows(ds, f"SELECT duration_ms FROM requests WHERE trace_id = '{_tid(0)}'") == [(25.5,)]
+    assert _rows(ds, "SELECT count(*), count(request_key) FROM stages") == [(18, 18)]
+    own = _rows(
+        ds, "SELECT count(*) FROM stages s JOIN requests r USING (request_key) WHERE s.trace_id = r.trace_id"
+    )
+    assert own == [(18,)]
+    assert ds.repeated_spans == 6  # the six request spans written on both sides
     ds.close()

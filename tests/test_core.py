@@ -66,7 +66,7 @@ def test_slo_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert b.sli == "ttft" and b.window == "7d"
     assert parse_slo(str(p)) == [a, b]
     p.write_text("slos:\n  - {name: x, service: s, sli: e2e, threshold_ms: 300, objective: 1.5}\n")
-    with pytest.raises(UserError, match=r"slo.yaml: slos\[0\]"):
+    with pytest.raises(UserError, match=r"slo.yaml:2: slos\[0\] \(x\): objective"):
         load_slo_file(p)
     p.write_text("slos: [\n")
     with pytest.raises(UserError, match="not valid YAML"):

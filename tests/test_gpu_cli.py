@@ -33,8 +33,8 @@ def get(url: str) -> str:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--interval", "0"], "--interval and --window must be > 0"),
-        (["--port", "70000"], "--port must be 1..65535"),
+        (["--interval", "0"], "argument --interval: expected a finite number in [0.001, 3600], got '0'"),
+        (["--port", "70000"], "argument --port: a port must be a whole number from 0 (any free port) to 65535"),
         (["--collectors", "{tmp}/c.csv"], "c.csv:2: unknown metric type"),
     ],
 )

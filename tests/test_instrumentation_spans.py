@@ -220,8 +220,9 @@ def test_tail_sampling_keeps_slow_requests_and_a_baseline_share() -> None:
 
 
 def test_sampling_policy_honours_otel_env() -> None:
-    low = int("0" * 16 + "00000000000000ff", 16)  # low 64 bits tiny: inside any ratio > 0
-    high = int("0" * 16 + "ffffffffffffff00", 16)
+    # OpenTelemetry's consistent rule keeps a trace when its randomness (low 56 bits) >= the threshold
+    low = int("0" * 16 + "00ffffffffffffff", 16)  # randomness at its largest: inside any ratio > 0
+    high = int("0" * 16 + "ff000000000000ff", 16)  # randomness tiny: outside any ratio < 1
     on = SamplingPolicy.resolve(env={"OTEL_TRACES_SAMPLER": "always_on"})
     assert on.keeps_everything and on.decide(high, None, 0, False) == "baseline"
     off = SamplingPolicy.resolve(env={"OTEL_TRACES_SAMPLER": "always_off"})

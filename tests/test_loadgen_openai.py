@@ -293,7 +293,7 @@ def test_any_http_service_with_a_body_template_and_the_text_summary(server: str,
         (["--body", "typo.json"], "unknown placeholder {{promt}}"),
         (["--header", "no colon"], "--header must be 'NAME: VALUE'"),
         (["--api", "openai-chat", "--route", "/v1/completions"], "--route /v1/completions is the openai-completions"),
-        (["--output-tokens", "0"], "--output-tokens must be at least 1"),
+        (["--output-tokens", "0"], "argument --output-tokens: expected a whole number in [1, 10000000], got '0'"),
     ],
 )
 def test_bad_load_options_are_one_line(server: str, tmp_path: Path, args: list[str], message: str) -> None:

@@ -215,9 +215,12 @@ def _fill(
 
 def _dedupe_spans(ds: Dataset) -> None:
     """Keep one copy of each span (trace id and span id) the trace files hold more than once: an
-    exporter that retried a batch it had already delivered, or two files that overlap (a rotated
-    file and its copy). Counted twice, a repeated request span would be two samples. The check is
-    one pass over the span ids; the table is rewritten only when it finds repeats."""
+    exporter that retried a batch it had already delivered, two files that overlap (a rotated file and
+    its copy), or one request span written by two pipelines (the service's own tracer provider exports
+    FastAPI's or the stock instrumentor's SERVER span, and stagescope writes that same span id to its
+    sink: a span id names one span). Counted twice, a repeated request span would be two samples. Of
+    the copies the longest is kept (the outermost measurement of the same span), then the first file's.
+    The check is one pass over the span ids; the table is rewritten only when it finds repeats."""
     con = ds.con
     row = con.execute("SELECT count(*) - count(DISTINCT hash(trace_id, span_id)) FROM spans").fetchone()
     if not row or not row[0]:
@@ -225,7 +228,7 @@ def _dedupe_spans(ds: Dataset) -> None:
     before = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
     con.execute(
         "CREATE OR REPLACE TABLE spans AS SELECT DISTINCT ON (trace_id, span_id) * FROM spans "
-        "ORDER BY trace_id, span_id, file, start_ns"
+        "ORDER BY trace_id, span_id, end_ns - start_ns DESC, file, start_ns"
     )
     # counted, not warned about: once de-duplicated, a repeat costs the analysis nothing
     ds.repeated_spans = before - con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
@@ -250,27 +253,39 @@ _KEYS: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
 
 
 #: Columns a relation gained after its first release that the analysis reads as NULL where an older
-#: file lacks them (a stage row's kind then comes from its name, see analysis.kinds).
-_LATER: dict[str, tuple[str, ...]] = {"stages": ("kind",)}
+#: file lacks them (a stage row's kind then comes from its name, see analysis.kinds; a request's
+#: sampling probability is then unknown).
+_LATER: dict[str, tuple[str, ...]] = {
+    "spans": ("trace_state", "sampled_reason"),
+    "requests": ("sampled_reason", "sampling_p"),
+    "stages": ("kind",),
+}
+_LATER_TYPES = {"sampling_p": "DOUBLE"}
 
 
 def _view_parquet(ds: Dataset, dirs: list[Path]) -> None:
     """Relations as views over pre-ingested Parquet (nothing is copied). Where some of the files
     predate the integer keys, the view leaves the keys out (the analysis then joins on trace ids);
-    where they predate a later column (:data:`_LATER`), it is NULL in their rows."""
+    where they predate a later column (:data:`_LATER`: a stage's kind, the sampling probability), it
+    is NULL in their rows (and a column no file has is NULL in every row)."""
     ds.con.execute("DROP TABLE spans")
     for rel in ("spans", "requests", "stages", "token_gaps"):
         files = "[" + ", ".join(f"'{d / (rel + '.parquet')}'" for d in dirs) + "]"
         keys = [k for k, _ in _KEYS.get(rel, ())]
         one = [f"read_parquet('{d / (rel + '.parquet')}')" for d in dirs]
         src = f"read_parquet({files})"
-        if keys and not all(has_columns(ds.con, f, *keys) for f in one):
+        later = _LATER.get(rel, ())
+        if later and not all(has_columns(ds.con, f, *later) for f in one):
             src = f"read_parquet({files}, union_by_name = true)"
+            missing = [c for c in later if not has_columns(ds.con, src, c)]
+            if missing:  # no file has them
+                nulls = ", ".join(f"NULL::{_LATER_TYPES.get(c, 'VARCHAR')} AS {c}" for c in missing)
+                src = f"(SELECT *, {nulls} FROM {src})"
+        if keys and not all(has_columns(ds.con, f, *keys) for f in one):
+            src = src if "union_by_name" in src else f"read_parquet({files}, union_by_name = true)"
             present = [k for k in keys if has_columns(ds.con, src, k)]
             cols = f"* EXCLUDE ({', '.join(present)})" if present else "*"
             ds.con.execute(f"CREATE VIEW {rel} AS SELECT {cols} FROM {src}")
-        elif not all(has_columns(ds.con, f, *_LATER.get(rel, ())) for f in one):
-            ds.con.execute(f"CREATE VIEW {rel} AS SELECT * FROM read_parquet({files}, union_by_name = true)")
         else:
             ds.con.execute(f"CREATE VIEW {rel} AS SELECT * FROM {src}")
     for d in dirs:

@@ -14,17 +14,33 @@
   at the client span's start; only its length is meaningful). A span whose ``stagescope.stage`` is
   there but not a non-empty string (``stage_invalid``) is neither a stage nor a request: its time is
   unattributed, and the ingest names its file in a warning.
-* ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
+* ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms), with ``running``, the
+  element of ``stagescope.itl.running`` beside it (the decode batch the gap's step carried; NULL without).
 
 ``requests`` and ``stages`` also carry ``trace_key`` and ``request_key``, and ``requests``
 ``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
 span) and the input hash that the analysis joins and groups on (see analysis.keys). A stage row's
 ``request_key`` is its request's: the request span is the stage span's parent (as stagescope emits
-them), the vLLM span itself, or the request a ``network`` row measures; NULL where the parent is
-not a request span (the analysis then goes by time within the trace).
+them), the vLLM span itself, or the request a ``network`` row measures; for a stage or vLLM span
+under a SERVER span that is itself the direct child of a request span (two instrumentations each
+opening a SERVER span in one process, as vLLM's ``llm_request`` under ``opentelemetry-instrument``),
+that request's; NULL where the parent is not a request span (the analysis then goes by time within
+the trace).
+
+Identity: a request is one span id. Copies of one span id (an exporter's retry, or the same request
+span written by the service's own tracer provider and by stagescope's sink) are one span (the ingest
+keeps one copy before this derivation), and of the SERVER spans of a trace only those without a
+parent in it are requests, so an in-process second SERVER span never counts as a second request.
 
 Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
 (``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
+
+``requests.sampling_p`` is the probability that the request's trace was kept: from the ``th``
+rejection threshold in the ``ot`` entry of the request span's W3C tracestate (OpenTelemetry's
+probability sampling: ``(2^56 - th) / 2^56``); without a ``th``, 1 when ``stagescope.sampled_reason``
+is ``slow`` or ``error`` (stagescope keeps those whatever the trace id), else NULL: unknown (a
+collector's tail sampling, another vendor's sampler, a service that kept everything without saying
+so). ``sampled_reason`` is that attribute as written.
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
 from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
-__all__ = ["REQUEST_COLUMNS", "derive_sql"]
+__all__ = ["REQUEST_COLUMNS", "derive_sql", "sampling_p_sql"]
 
 REQUEST_COLUMNS = {
     "trace_id": "VARCHAR",
@@ -60,12 +76,26 @@ REQUEST_COLUMNS = {
     "cold_start": "BOOLEAN",
     "client_duration_ms": "DOUBLE",
     "source": "VARCHAR",
+    "sampled_reason": "VARCHAR",
+    "sampling_p": "DOUBLE",
     "trace_key": "UBIGINT",
     "input_key": "UBIGINT",
     "request_key": "UBIGINT",
 }
 
 _VLLM = sql_str(names.VLLM_SPAN_NAME)
+_MAX_T = names.SAMPLING_MAX_THRESHOLD
+
+
+def sampling_p_sql(trace_state: str, reason: str) -> str:
+    """SQL: the sampling probability of a span from its tracestate's ``ot=...th:<hex>`` (1 to 14 hex
+    digits, padded with trailing zeros to 56 bits), else 1 for stagescope's ``slow``/``error`` keeps,
+    else NULL (see the module docstring)."""
+    ot = f"regexp_extract({trace_state}, '(?:^|,)[ \\t]*{names.TRACESTATE_OT}=([^,]*)', 1)"
+    th = f"nullif(regexp_extract({ot}, '(?:^|;){names.OT_THRESHOLD}:([0-9a-fA-F]{{1,14}})(?:;|$)', 1), '')"
+    t = f"TRY_CAST('0x' || rpad({th}, 14, '0') AS UBIGINT)"
+    keeps_all = ", ".join(sql_str(r) for r in (names.SAMPLED_SLOW, names.SAMPLED_ERROR))
+    return f"coalesce(({_MAX_T} - {t}) / {float(_MAX_T)!r}, CASE WHEN {reason} IN ({keeps_all}) THEN 1.0 END)"
 
 
 def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
@@ -92,7 +122,7 @@ WHERE s.stage IS NULL AND s.stage_invalid IS NULL
   AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
         # server spans whose parent is another (non load-generator) span of the trace: downstream calls
         f"""CREATE OR REPLACE TEMP TABLE _inner AS
-SELECT c.trace_id, c.span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
+SELECT c.trace_id, c.span_id, c.parent_span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
 WHERE c.kind = {KIND_SERVER} AND c.parent_span_id <> '' AND NOT c.parent_is_client""",
         f"""CREATE OR REPLACE {kind} requests AS
 SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS route, s.model,
@@ -112,19 +142,22 @@ SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS ro
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
+  s.sampled_reason, {sampling_p_sql("s.trace_state", "s.sampled_reason")} AS sampling_p,
   {request_keys_sql("s.")}
 FROM _cand s
 WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
-       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key, r.request_key,
-       {kind_sql("s.stage", "s.stage_kind")} AS kind
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key,
+       coalesce(r.request_key, ri.request_key) AS request_key, {kind_sql("s.stage", "s.stage_kind")} AS kind
 FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
+  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.parent_span_id
+  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
 WHERE s.stage IS NOT NULL
 UNION ALL
 SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key, x.kind
 FROM (
-  SELECT s.trace_id, r.request_key, unnest([
+  SELECT s.trace_id, coalesce(r.request_key, ri.request_key) AS request_key, unnest([
     {{'stage': '{names.STAGE_QUEUE}', 'kind': '{names.KIND_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
     {{'stage': '{names.STAGE_PREFILL}', 'kind': '{names.KIND_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
       'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
@@ -135,6 +168,8 @@ FROM (
         FROM {spans} s WHERE (queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)
           AND stage IS NULL) s
   LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.span_id
+  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.span_id
+  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
 )
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,

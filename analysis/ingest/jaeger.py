@@ -5,7 +5,8 @@ Jaeger-UI single trace ``{"data": {"spans": [...], "processes": {...}}}`` or a b
 a bare array of spans with inline ``process``. Times are **microseconds** (``startTime``,
 ``duration``) and become Unix nanoseconds. 64-bit trace ids are left-padded to 32 hex digits. The
 parent is the first ``CHILD_OF`` reference (else the first reference, else ``parentSpanID``); kind
-comes from the ``span.kind`` tag, an error from ``error=true`` or ``otel.status_code=ERROR``. A span's
+comes from the ``span.kind`` tag, an error from ``error=true`` or ``otel.status_code=ERROR``, the
+W3C tracestate from ``w3c.tracestate`` (where the collector's Jaeger translator keeps it). A span's
 ``logs`` become its events: the log's ``event`` field is the event's name (as Jaeger stores OTLP span
 events: jaegertracing/jaeger internal/storage/v2/cassandra/tracestore/to_dbmodel.go, ``eventNameAttr``),
 its ``timestamp`` (microseconds) the time.
@@ -24,6 +25,7 @@ from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
 from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
 from stagescope.errors import UserError
+from stagescope.names import JAEGER_TAG_TRACESTATE
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.traces import TraceLoader
@@ -116,6 +118,7 @@ def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
         "end_ns": start_ns + dur * 1000,
         "service": proc.get("serviceName") if isinstance(proc, dict) else None,
         "otel_status": 2 if str(tags.get("error", "")).lower() == "true" or status == "ERROR" else 0,
+        "trace_state": str(tags[JAEGER_TAG_TRACESTATE]) if tags.get(JAEGER_TAG_TRACESTATE) else None,
     }
     row["events"] = _events(sp.get("logs"))
     for col, (typ, keys) in ATTR_COLUMNS.items():

@@ -35,8 +35,8 @@ _ATTR_TYPE = (
     f'"boolValue":"BOOLEAN","arrayValue":{{"values":[{_SCALAR}]}}}}}}]'
 )
 _SPAN_TYPE = (
-    '{"traceId":"VARCHAR","spanId":"VARCHAR","parentSpanId":"VARCHAR","name":"VARCHAR","kind":"VARCHAR",'
-    '"startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
+    '{"traceId":"VARCHAR","spanId":"VARCHAR","traceState":"VARCHAR","parentSpanId":"VARCHAR",'
+    '"name":"VARCHAR","kind":"VARCHAR","startTimeUnixNano":"BIGINT","endTimeUnixNano":"BIGINT","status":{"code":"VARCHAR"},'
     f'"attributes":{_ATTR_TYPE},"events":[{{"name":"VARCHAR","timeUnixNano":"BIGINT"}}]}}'
 )
 #: One export request, parsed once per line into nested structs (ids/kind/status converted below).
@@ -161,9 +161,9 @@ WITH o AS (
 ), s AS (
   SELECT file, service, unnest(spans) AS x FROM rb
 ), t AS (
-  SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.parentSpanId AS pid, x.name AS name,
-    x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en, x.attributes AS a,
-    x.events AS ev
+  SELECT file, service, x.traceId AS tid, x.spanId AS sid, x.traceState AS tstate, x.parentSpanId AS pid,
+    x.name AS name, x.kind AS k, x.status.code AS sc, x.startTimeUnixNano AS st, x.endTimeUnixNano AS en,
+    x.attributes AS a, x.events AS ev
   FROM s
 ), u AS (
   SELECT *, list_transform(a, lambda x: x.key) AS ks, list_transform(a, lambda x: x.value.stringValue) AS sv,
@@ -177,7 +177,7 @@ WITH o AS (
     coalesce({_hex_id("pid")}, '') AS parent_span_id, name,
     {_enum("k", "SPAN_KIND_", _KINDS)} AS kind,
     st AS start_ns, en AS end_ns, service,
-    {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status,
+    {_enum("sc", "STATUS_CODE_", _STATUS)} AS otel_status, nullif(tstate, '') AS trace_state,
     CASE WHEN len(ev) > 0 THEN list_transform(ev, lambda e: {{'name': e.name, 'ns': e.timeUnixNano}}) END
       AS events,
     {", ".join(pivots)}

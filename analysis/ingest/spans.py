@@ -51,6 +51,7 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "input_hash": ("VARCHAR", (names.ATTR_INPUT_HASH,)),
     "cold_start": ("BOOLEAN", (names.ATTR_COLD_START,)),
     "is_client_attr": ("BOOLEAN", (names.ATTR_CLIENT,)),
+    "sampled_reason": ("VARCHAR", (names.ATTR_SAMPLED_REASON,)),
     "input_tokens": ("BIGINT", (names.GENAI_USAGE_INPUT_TOKENS, names.VLLM_ATTR_PROMPT_TOKENS)),
     "output_tokens": ("BIGINT", (names.GENAI_USAGE_OUTPUT_TOKENS, names.VLLM_ATTR_COMPLETION_TOKENS)),
     "e2e_s": ("DOUBLE", (names.VLLM_ATTR_E2E,)),
@@ -84,6 +85,7 @@ SPAN_COLUMNS: Final[dict[str, str]] = {
     "service": "VARCHAR",
     "otel_status": "INTEGER",  # 0 unset, 1 ok, 2 error
     "events": "STRUCT(name VARCHAR, ns BIGINT)[]",  # NULL when the span has none
+    "trace_state": "VARCHAR",  # W3C tracestate (its ``ot`` entry's ``th``: the sampling probability)
     **{col: typ for col, (typ, _) in ATTR_COLUMNS.items()},
 }
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from stagescope import names
+from stagescope import validate as V
 
 __all__ = ["register", "run"]
 
@@ -22,16 +23,21 @@ def register(subparsers: Any) -> None:
             f"{names.METRIC_GPU_EXPORTER_UP} 0."
         ),
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=9400, help="port to listen on (default 9400, as dcgm-exporter)"
+        "--host", default="127.0.0.1", type=V.host, help="address to listen on (default 127.0.0.1)"
     )
     p.add_argument(
-        "--interval", type=float, default=0.1, help="utilization sampling period in seconds (default 0.1)"
+        "--port", type=V.port(), default=9400, help="port to listen on (default 9400, as dcgm-exporter)"
+    )
+    p.add_argument(
+        "--interval",
+        type=V.number(0.001, 3600),
+        default=0.1,
+        help="utilization sampling period in seconds (default 0.1)",
     )
     p.add_argument(
         "--window",
-        type=float,
+        type=V.number(0.001, 86400),
         default=15.0,
         help="seconds of samples behind the max/mean gauges; set it to the scrape interval (default 15)",
     )
@@ -42,7 +48,10 @@ def register(subparsers: Any) -> None:
         help="dcgm-exporter counters CSV to publish (default: stagescope's, dcgm-exporter's default list plus NVML extras)",
     )
     p.add_argument(
-        "--hostname", default=None, help="host label value (default: $NODE_NAME, else this machine's name)"
+        "--hostname",
+        default=None,
+        type=_label,
+        help="host label value (default: $NODE_NAME, else this machine's name)",
     )
     p.add_argument(
         "--legacy-hostname-label",
@@ -51,6 +60,11 @@ def register(subparsers: Any) -> None:
         "dashboards written against them (default: 'hostname', as dcgm-exporter HEAD)",
     )
     p.set_defaults(func=run)
+
+
+def _label(text: str) -> str:
+    """The host label's value: text without control characters (it goes into every sample)."""
+    return V.check_text(text, "the hostname", error=argparse.ArgumentTypeError)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,10 +83,9 @@ def run(args: argparse.Namespace) -> int:
         load_counters_csv,
     )
 
-    if args.interval <= 0 or args.window <= 0:
-        raise UserError(f"--interval and --window must be > 0 seconds, got {args.interval} and {args.window}")
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port must be 1..65535, got {args.port}")
+    if args.window < args.interval:
+        raise UserError(f"--window ({args.window:g} s) must be at least --interval ({args.interval:g} s)")
+    V.check_bindable(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("stagescope.gpu-exporter")
     counters = load_counters_csv(args.collectors)

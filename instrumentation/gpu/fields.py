@@ -39,6 +39,7 @@ them against ``pynvml``) so this module imports without ``pynvml`` installed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,8 @@ NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 MIB = 1024 * 1024
+_MAX_CSV_BYTES = MIB
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,16 @@ def parse_counters_csv(text: str, source: str = "<counters>") -> list[CounterSpe
         if len(parts) < 2 or not parts[0]:
             raise UserError(f"{source}:{lineno}: expected 'DCGM FIELD, type, help', got {raw!r}")
         name, typ = parts[0], parts[1].lower()
+        if not _METRIC_NAME.fullmatch(name):
+            raise UserError(f"{source}:{lineno}: {name[:80]!r} is not a field name (letters, digits, '_')")
         if typ not in METRIC_TYPES:
             raise UserError(f"{source}:{lineno}: unknown metric type {parts[1]!r} (one of {METRIC_TYPES})")
         if name in seen:
             raise UserError(f"{source}:{lineno}: field {name} listed twice")
         seen.add(name)
         out.append(CounterSpec(name, typ, parts[2] if len(parts) > 2 else "", lineno))
+    if not any(c.type != "label" for c in out):
+        raise UserError(f"{source}: no counters to publish (rows 'DCGM FIELD, gauge|counter, help')")
     return out
 
 
@@ -122,9 +129,16 @@ def load_counters_csv(path: str | Path | None = None) -> list[CounterSpec]:
     """Read a counters CSV (default: :data:`DEFAULT_COUNTERS_CSV`)."""
     p = Path(path) if path is not None else DEFAULT_COUNTERS_CSV
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            data = f.read(_MAX_CSV_BYTES + 1)
     except OSError as exc:
         raise UserError(f"{p}: cannot read counters CSV ({exc.strerror or exc})") from None
+    if len(data) > _MAX_CSV_BYTES:
+        raise UserError(f"{p}: larger than 1 MiB; not a counters CSV")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not UTF-8 text (byte {exc.start}); expected a dcgm-exporter counters CSV") from None
     return parse_counters_csv(text, str(p))
 
 
