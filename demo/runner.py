@@ -47,13 +47,15 @@ from stagescope.errors import UserError
 from stagescope.names import ENV_BASELINE_SAMPLE, ENV_SLOW_THRESHOLD_MS
 from stagescope.paths import ensure_writable_dir
 from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
-from stagescope.service.scenarios import PREDICT_ROUTE, Scenario
+from stagescope.service.scenarios import PREDICT_ROUTE, Scenario, Workload
 from stagescope.slo import SLO
 
 __all__ = [
     "ARRIVAL_TRACE",
     "RECORDINGS",
+    "WORKLOAD_PREFIX",
     "RunResult",
+    "apply_workload",
     "archive_previous",
     "check_port_free",
     "free_port",
@@ -226,6 +228,26 @@ async def _drive(
     return len(run.results), run.summary.latency_ms.get("p99"), stop.is_set()
 
 
+#: An override whose key starts so changes the scenario's load (a :class:`Workload` field: what the load
+#: generator sends), not a setting of the service; an engine's sizing uses it (llama-cpp: the long
+#: prompts' length).
+WORKLOAD_PREFIX = "workload."
+
+
+def apply_workload(sc: Scenario, overrides: dict[str, Any] | None) -> tuple[Scenario, dict[str, Any]]:
+    """``(the scenario with the workload overrides applied, the service's overrides)``; an unknown
+    workload field is a UserError."""
+    load = {k[len(WORKLOAD_PREFIX):]: v for k, v in (overrides or {}).items() if k.startswith(WORKLOAD_PREFIX)}
+    rest = {k: v for k, v in (overrides or {}).items() if not k.startswith(WORKLOAD_PREFIX)}
+    if not load:
+        return sc, rest
+    known = {f.name for f in dataclasses.fields(Workload)}
+    bad = sorted(set(load) - known)
+    if bad:
+        raise UserError(f"unknown workload setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    return dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, **load)), rest
+
+
 def analyse_run(out: Path, slo: SLO) -> dict[str, Any]:
     """Ingest a run folder and write ``report.json`` and ``report.html``; returns the report."""
     from stagescope.analysis.api import analyze
@@ -255,7 +277,7 @@ def run_scenario(
     """Run scenario ``name`` of ``engine`` end to end into ``out`` (``overrides``: settings on top of the
     scenario's, such as the engine's sizing); see the module docstring."""
     eng = get_engine(engine)
-    sc = eng.get_scenario(name)
+    sc, overrides = apply_workload(eng.get_scenario(name), overrides)
     ensure_writable_dir(out, "the demo's output there")
     if port:
         check_port_free(port)

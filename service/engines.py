@@ -145,7 +145,8 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
                    _onnx_sizing),
             Engine(llama_engine.NAME, llama_engine.LABEL, llama_engine.SCENARIOS, llama_engine.DEFAULT_SCENARIO,
                    llama_engine.NAME, llama_engine.missing, "pip install 'stagescope[llama-cpp]'",
-                   llama_engine.prepare, command=llama_engine.serve_command, lever_settings=_llama_lever_settings),
+                   llama_engine.prepare, llama_engine.sizing, command=llama_engine.serve_command,
+                   lever_settings=_llama_lever_settings),
         )
     }
 )  # fmt: skip

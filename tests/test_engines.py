@@ -134,3 +134,17 @@ def test_the_report_carries_the_running_cap_its_prediction_is_for() -> None:
     lever = next(x for x in rep["levers"] if x["lever"] == N.LEVER_REDUCE_BATCH_TOKENS)
     assert f"capped at {cap} streams" in lever["rationale"]
     assert get_engine("llama-cpp").lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, rep) == {"parallel": cap}
+
+
+def test_workload_overrides_change_the_load_not_the_service() -> None:
+    from stagescope.demo.runner import WORKLOAD_PREFIX, apply_workload
+
+    sc = get_engine("llama-cpp").scenarios["llama-long-prompts"]
+    sized, rest = apply_workload(sc, {f"{WORKLOAD_PREFIX}long_prompt_tokens": 3210, "parallel": 2})
+    assert sized.workload.long_prompt_tokens == 3210 and sc.workload.long_prompt_tokens == 1500
+    assert rest == {"parallel": 2} and sized.overrides == sc.overrides
+    assert apply_workload(sc, None) == (sc, {})
+    with pytest.raises(UserError, match="unknown workload setting"):
+        apply_workload(sc, {f"{WORKLOAD_PREFIX}nope": 1})
+    # scenarios without long prompts are not sized (no server is started for them)
+    assert get_engine("llama-cpp").sizing(get_engine("llama-cpp").scenarios["llama-many-slots"]) == ({}, None)

@@ -127,10 +127,12 @@ def test_each_llama_scenario_is_diagnosed_as_its_truth(
     name: str, engine: tuple[Build, ModelArtifact], tmp_path: Path
 ) -> None:
     from stagescope.demo.runner import run_scenario
+    from stagescope.service.engines import get_engine
     from stagescope.service.llama_cpp.scenarios import get_scenario
 
     sc = get_scenario(name)
-    res = run_scenario(name, out=tmp_path / name, duration_s=15.0, engine="llama-cpp")
+    sized, _ = get_engine("llama-cpp").sizing(sc)  # long prompts sized to the machine now, as the demo does
+    res = run_scenario(name, out=tmp_path / name, duration_s=15.0, engine="llama-cpp", overrides=sized)
     report = res.report
     assert report["breached"] == sc.breach, report.get("headline")
     if sc.breach:

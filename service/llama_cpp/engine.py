@@ -28,6 +28,7 @@ __all__ = [
     "missing",
     "prepare",
     "serve_command",
+    "sizing",
 ]
 
 NAME = "llama-cpp"
@@ -81,6 +82,73 @@ def lever_settings(lever: str | None, report: Mapping[str, Any]) -> dict[str, in
     if lever == N.LEVER_REDUCE_BATCH_TOKENS and isinstance(cap, int | float) and cap >= 1:
         return {"parallel": int(cap)}
     return {}
+
+
+#: A long prompt is sized to take this many times the SLO threshold to process, on this machine now.
+LONG_PROMPT_OVER_SLO = 2.0
+#: Prompt tokens of the probe that measures the prompt-processing speed (about a long prompt's length).
+PROBE_TOKENS = 1024
+
+
+def _prompt_ms_per_token(sc: Scenario) -> float:
+    """Milliseconds per prompt token of a llama-server with scenario ``sc``'s settings, measured now:
+    one server, a short warm-up prompt, then a PROBE_TOKENS-token prompt (llama.cpp's own timings)."""
+    import dataclasses
+    import json
+    import tempfile
+    import urllib.request
+
+    from stagescope.errors import UserError
+    from stagescope.loadgen.bodies import synthetic_prompt
+    from stagescope.service.llama_cpp.build import ensure_server
+    from stagescope.service.llama_cpp.gguf_model import ensure_model
+    from stagescope.service.llama_cpp.serve import scenario_config
+    from stagescope.service.llama_cpp.server import LlamaServer
+
+    build = ensure_server()
+    model = ensure_model(build.vocab())
+    cfg = dataclasses.replace(scenario_config(sc.name, apply_lever=False), parallel=1, replicas=1)
+    with tempfile.TemporaryDirectory(prefix="stagescope-llama-probe-") as tmp:
+        srv = LlamaServer(build.server, model.path, cfg, log=Path(tmp) / "llama-server.log")
+        try:
+            srv.wait_ready()
+            timings: dict[str, Any] = {}
+            for i, size in enumerate((64, PROBE_TOKENS)):
+                body = {"prompt": synthetic_prompt(size, unique_key=("probe", i)), "max_tokens": 1, "cache_prompt": False}
+                req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})  # fmt: skip
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    timings = json.loads(r.read()).get("timings") or {}
+        except OSError as exc:
+            raise UserError(f"llama.cpp: the prompt-speed probe failed: {exc}") from None
+        finally:
+            srv.stop()
+    n, ms = timings.get("prompt_n"), timings.get("prompt_ms")
+    if not n or not ms:
+        raise UserError("llama.cpp: the prompt-speed probe got no timings (prompt_n, prompt_ms) back")
+    return float(ms) / float(n)
+
+
+def sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
+    """Size a scenario's long prompts to this machine now (the demo does, before the run and its lever
+    check alike): as many tokens as llama.cpp processes in LONG_PROMPT_OVER_SLO x the SLO threshold at
+    the speed just measured, within what one step and one slot hold. The speed moved 2.5x with the
+    machine's load here (1.00 and 0.41 ms per token), so a fixed length breached on one run and not the
+    next. Scenarios without long prompts are not sized."""
+    w = sc.workload
+    if not w.long_prompt_every:
+        return {}, None
+    from stagescope.service.llama_cpp.serve import scenario_config
+
+    cfg = scenario_config(sc.name, apply_lever=False)
+    per_token = _prompt_ms_per_token(sc)
+    room = min(cfg.batch_size, cfg.ctx_per_slot) - w.max_tokens - 64  # one step; the slot's context
+    tokens = max(256, min(room, int(LONG_PROMPT_OVER_SLO * sc.slo.threshold_ms / per_token)))
+    return {"workload.long_prompt_tokens": tokens}, (
+        f"long prompts sized to this machine now: {tokens} tokens each, what llama.cpp processes in about "
+        f"{tokens * per_token:.0f} ms ({LONG_PROMPT_OVER_SLO:g} x the SLO threshold at most) at the "
+        f"{per_token:.3f} ms per prompt token just measured; the same length in the lever check"
+    )
 
 
 def serve_command(

@@ -8,11 +8,13 @@ generator's ``--api openai-completions``). The model is the random-weight llama 
 llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generated token in a step
 (the per-step cost grows with the tokens the step carries). Why each one breaches:
 
-* ``llama-long-prompts``: one request in 20 carries a prompt of about 1,800 tokens; llama.cpp puts a
-  whole prompt of up to ``--batch-size`` (2,048) tokens into one step, so for about 1.5 s no other
-  slot gets a token: first tokens of the requests arriving meanwhile wait for it. Lever: a smaller
-  prompt-processing batch (``--batch-size``/``--ubatch-size`` 256, llama.cpp's form of chunked
-  prefill): a step then carries at most 256 prompt tokens.
+* ``llama-long-prompts``: one request in 15 carries a long prompt (1,500 tokens in the table; the demo
+  sizes it to the machine first, :func:`.engine.sizing`: what llama.cpp processes in 2x the SLO
+  threshold, up to 4,000 tokens); llama.cpp puts a whole prompt of up to ``--batch-size`` (4,096)
+  tokens into one step, so for that long no other slot gets a token: first tokens of the requests
+  arriving meanwhile wait for it. Lever: a smaller prompt-processing batch (``--batch-size``/
+  ``--ubatch-size`` 256, llama.cpp's form of chunked prefill): a step then carries at most 256 prompt
+  tokens (llama.cpp fills it slot by slot, so a prompt in a later slot still waits: see the README).
 * ``llama-many-slots``: 16 slots at a load that keeps about ten streams decoding: every step carries
   all of them, and the per-step time, which grows with the streams in it, passes the inter-token
   SLO. Lever: fewer slots (``--parallel 4``): the excess waits for a slot instead (TTFT, not ITL).
@@ -51,9 +53,9 @@ LLAMA_SCENARIOS: Mapping[str, Scenario] = MappingProxyType(
                 Workload(prompt_tokens=48, max_tokens=32),
             ),
             Scenario(
-                "llama-long-prompts", "1 in 15 prompts has ~1,500 tokens; one 2,048-token step holds every slot",
+                "llama-long-prompts", "1 in 15 prompts is long (sized to 2x the SLO); one prompt step holds every slot",
                 COMPLETIONS_ROUTE, 3.0, "ttft:p95<750ms", N.STAGE_PREFILL, N.LEVER_CHUNKED_PREFILL,
-                _frozen({"parallel": 8, "batch_size": 2048, "ubatch_size": 2048, "ctx_per_slot": 2048}),
+                _frozen({"parallel": 8, "batch_size": 4096, "ubatch_size": 4096, "ctx_per_slot": 4096}),
                 _frozen({"batch_size": 256, "ubatch_size": 256}),
                 Workload(prompt_tokens=48, long_prompt_tokens=1500, long_prompt_every=15, max_tokens=16),
             ),
