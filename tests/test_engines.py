@@ -148,3 +148,15 @@ def test_workload_overrides_change_the_load_not_the_service() -> None:
         apply_workload(sc, {f"{WORKLOAD_PREFIX}nope": 1})
     # scenarios without long prompts are not sized (no server is started for them)
     assert get_engine("llama-cpp").sizing(get_engine("llama-cpp").scenarios["llama-many-slots"]) == ({}, None)
+
+
+def test_long_prompt_length_follows_the_measured_step_time() -> None:
+    from stagescope.service.llama_cpp.engine import tokens_for
+
+    # a step of a + b n^2 through both probes: 512 tokens in 128 ms, 2,048 in 1,024 ms
+    probes = [(512, 128.0), (2048, 1024.0)]
+    n = tokens_for(1500.0, probes)
+    b = (1024.0 / 2048 - 128.0 / 512) / (2048 - 512)
+    a = 128.0 / 512 - b * 512
+    assert abs(a * n + b * n * n - 1500.0) < 3.0 and 2048 < n < 1500 / 0.25
+    assert tokens_for(1000.0, [(512, 512.0), (2048, 1800.0)]) == int(1000.0 * 2048 / 1800.0)  # bends down: linear
