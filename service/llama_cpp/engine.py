@@ -92,6 +92,17 @@ LONG_PROMPT_OVER_SLO = 2.0
 PROBE_TOKENS = (512, 2048)
 
 
+_PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
+                "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
+
+
+def _probe_text(words: int, key: int) -> str:
+    """About ``words`` tokens of plain English words (a different text per ``key``); the fit uses the
+    token count llama.cpp reports (``prompt_n``), not this estimate."""
+    n = len(_PROBE_WORDS)
+    return " ".join(_PROBE_WORDS[(k * (key + 3) + k // n) % n] for k in range(words))
+
+
 def _prompt_step_ms(sc: Scenario) -> list[tuple[int, float]]:
     """``(prompt tokens, ms)`` of one prompt step of each PROBE_TOKENS length on a llama-server with
     scenario ``sc``'s settings, measured now with llama.cpp's own timings (after a warm-up prompt)."""
@@ -101,7 +112,6 @@ def _prompt_step_ms(sc: Scenario) -> list[tuple[int, float]]:
     import urllib.request
 
     from stagescope.errors import UserError
-    from stagescope.loadgen.bodies import synthetic_prompt
     from stagescope.service.llama_cpp.build import ensure_server
     from stagescope.service.llama_cpp.gguf_model import ensure_model
     from stagescope.service.llama_cpp.serve import scenario_config
@@ -116,7 +126,7 @@ def _prompt_step_ms(sc: Scenario) -> list[tuple[int, float]]:
         try:
             srv.wait_ready()
             for i, size in enumerate((64, *PROBE_TOKENS)):
-                body = {"prompt": synthetic_prompt(size, unique_key=("probe", i)), "max_tokens": 1, "cache_prompt": False}
+                body = {"prompt": _probe_text(size, i), "max_tokens": 1, "cache_prompt": False}
                 req = urllib.request.Request(f"{srv.url}/v1/completions", json.dumps(body).encode(),
                                              {"Content-Type": "application/json"})  # fmt: skip
                 with urllib.request.urlopen(req, timeout=120) as r:
