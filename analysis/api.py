@@ -19,6 +19,7 @@ import duckdb
 
 from stagescope.analysis import attribution as A
 from stagescope.analysis import breach as B
+from stagescope.analysis import context as CX
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
@@ -256,6 +257,7 @@ def _analyze_one(
         "warnings": warns,
         "sources": _sources(view),
         "sampling": _sampling(view),
+        **(CX.quantile_fields(qs, view) if view.count else CX.empty_fields()),
     }
     if "client_latency_ms" in view.sampling:
         report["client_latency_ms"] = view.sampling["client_latency_ms"]
@@ -303,6 +305,7 @@ def _analyze_one(
         warns += _unstaged(con, view, attr, report["verdict"])
     # after the levers: their predictions add the settings they are for (reduce-batch-tokens: running_cap)
     report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
+    CX.annotate(con, report, view, attr, ev)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)
@@ -339,17 +342,20 @@ def _unstaged(
 
 
 def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Mean queue / compute (Triton) and queue / prefill / decode (vLLM) time per request from the
-    servers' cumulative counters in ``metric_samples`` (ms), when scraped; see ingest.counters. Under
+    """Mean queue / compute (Triton), queue / prefill / decode (vLLM) and per-stage (SGLang) time per
+    request from the servers' cumulative counters in ``metric_samples`` (ms), summed over engines,
+    ranks and instances, when scraped; see ingest.counters and ingest.engine_metrics. Under
     ``warnings``: where Triton's traces hold far fewer requests than its counters (its trace rate)."""
     try:
-        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown, vllm_stage_means
+        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown
+        from stagescope.analysis.ingest.engine_metrics import sglang_stage_means, vllm_stage_means
     except ImportError:  # pragma: no cover - the ingest part ships with the package
         return {}
     out: dict[str, Any] = {}
     try:
         triton = [r for r in triton_breakdown(con) if r.get("requests")]
         vllm = [r for r in vllm_stage_means(con) if r.get("requests")]
+        sglang = [r for r in sglang_stage_means(con) if r.get("requests") or r.get("stages")]
     except duckdb.Error:
         return {}
     if triton:
@@ -357,6 +363,8 @@ def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         out["warnings"] = trace_coverage(con, triton)  # popped by the caller: report warnings
     if vllm:
         out["vllm"] = vllm
+    if sglang:
+        out["sglang"] = sglang
     return out
 
 

@@ -16,14 +16,17 @@ are requests whose client went away before the answer was complete (status 499,
 ``names.STATUS_CODE_CLIENT_CLOSED``): their duration is how long the server took to notice, not a
 latency anyone waited for; they are counted and a warning says how many (many of them can mean clients
 giving up on a slow server).
-The overall quantile uses ``quantile_cont`` (linear interpolation), like numpy's default.
+The overall quantile uses ``quantile_cont`` (linear interpolation), like numpy's default. Every
+quantile comes with its 95 % confidence interval (analysis.intervals: order statistics, or Woodruff's
+effective sample size for weighted samples), overall and per window.
 
 Each sample carries ``w``, how many requests it stands for (analysis.weighting): ``1 / sampling_p``
 for a sampled trace (Horvitz-Thompson), 1 where the probability is unknown. Where a complete source
 covers the SLO's requests (the load generator's results, or request-duration histograms in the
 scraped metrics: analysis.sources) the samples come from it, or are calibrated to it. With weights
 that are not all 1 the quantiles, shares over the threshold and window figures are weighted; with
-every weight 1 they are DuckDB's own.
+every weight 1 they are DuckDB's own; so are the intervals (the weighted ones account for the
+sampling: with every weight 1 they are the order-statistic intervals).
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ from typing import Any
 
 import duckdb
 
+from stagescope.analysis.interval_sql import quantile_estimates, window_intervals
 from stagescope.analysis.keys import has_columns
 from stagescope.analysis.weighting import (
     mean_sql,
     sampling_kind_sql,
     sampling_weight_sql,
     weighted_quantile_sql,
-    weighted_quantiles,
 )
 from stagescope.errors import UserError
 from stagescope.names import (
@@ -260,15 +263,16 @@ def neighbourhood_quantile(q: float) -> float:
 
 def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float | None]:
     """p50, p95, p99, the SLO's own quantile (key ``"q"``) and its :func:`neighbourhood_quantile`
-    (key ``"near"``) of the samples, in milliseconds (one pass)."""
+    (key ``"near"``) of the samples, in milliseconds (one pass). p50, p95, p99 and ``q`` are
+    :class:`~stagescope.analysis.intervals.Estimate` values carrying their 95 % interval (the
+    interval's ends are more levels of the same pass)."""
     q = view.slo.quantile
-    levels = [0.5, 0.95, 0.99, q, neighbourhood_quantile(q)]
-    if view.weighted:
-        vals: list[Any] = weighted_quantiles(con, view.name, "value_ms", levels, "w")
-    else:
-        row = con.execute(f"SELECT quantile_cont(value_ms, {levels}) FROM {view.name}").fetchone()
-        vals = row[0] if row and row[0] is not None else [None] * len(levels)
-    return dict(zip(("p50", "p95", "p99", "q", "near"), vals, strict=True))
+    levels = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "q": q, "near": neighbourhood_quantile(q)}
+    got = quantile_estimates(con, view.name, "value_ms", levels, view.count, view.weight)
+    out: dict[str, float | None] = dict(got)
+    near = got["near"]
+    out["near"] = None if near is None else float(near)  # a sample boundary, not a reported quantile
+    return out
 
 
 def over_threshold_share(con: duckdb.DuckDBPyConnection, view: SLIView) -> float | None:
@@ -293,9 +297,9 @@ def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
 def windows(
     con: duckdb.DuckDBPyConnection, view: SLIView, window: str = DEFAULT_WINDOW
 ) -> list[dict[str, Any]]:
-    """Per time window (by request start): sample count, p50, the SLO quantile, share of samples over
-    the threshold, whether the window breaches, mean queue depth seen by its requests and mean
-    accelerator utilization (percent, from ``metric_samples`` when present)."""
+    """Per time window (by request start): sample count, p50, the SLO quantile and its 95 % interval,
+    share of samples over the threshold, whether the window breaches, mean queue depth seen by its
+    requests and mean accelerator utilization (percent, from ``metric_samples`` when present)."""
     try:
         w_s = parse_duration_s(window)
     except ValueError as exc:
@@ -336,10 +340,15 @@ def windows(
         FROM s {util_join} ORDER BY s.win
         """
     ).fetchall()
+    bucket = f"(start_unix_ns // {w_ns}) * {w_ns}"
+    src = f"(SELECT * FROM {view.name} WHERE start_unix_ns IS NOT NULL)"
+    qhat = by_window[1] if by_window else {r[0]: r[4] for r in rows}
+    ivs = window_intervals(con, src, bucket, q, qhat, wt)
     out = []
     for w, n, nw, p50, pq, bad, qd, bs, ut in rows:
         if by_window:
             p50, pq = by_window[0].get(w), by_window[1].get(w)
+        lo, hi = ivs.get(w, (None, None))
         out.append(
             {
                 "start_unix_ms": int(w // 1_000_000),
@@ -348,6 +357,7 @@ def windows(
                 "requests": round(float(nw)),
                 "p50_ms": _r(p50),
                 "quantile_ms": _r(pq),
+                "quantile_interval_ms": [_r(lo), _r(hi)],
                 "over_threshold_share": _r(bad, 4),
                 "breached": bool(pq is not None and pq > thr),
                 "queue_depth_mean": _r(qd),

@@ -47,7 +47,10 @@ Model (stated, with its limits):
     ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
     the step in progress and their own step, each carrying one 256-token chunk (these two LLM
-    models live in analysis.llm_levers).
+    models live in analysis.llm_levers);
+  - ``cap-output-tokens``: output tokens capped at the baseline's quantile at the same time per token
+    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers``, ``kv-cache-headroom`` and
+    ``prefix-caching``: their stage's tail capped at its baseline quantile.
 
 Sampled traces: every quantile and fit counts each breakdown row by the attribution's weight
 (``1 / sampling_p`` times its stratum's factor, analysis.weighting), and the arrivals and executor
@@ -74,9 +77,9 @@ from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
 from stagescope.analysis.llm_levers import CHUNK_TOKENS, chunked_prefill, gap_prediction
-from stagescope.analysis.weighting import breakdown_quantile as _q
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = [
@@ -449,6 +452,12 @@ def lever_prediction(
             ),
             "repeated inputs (every repeat of an input hash) served from the cache: no batch wait, queue, compute",
         )
+    if lever == N.LEVER_CAP_OUTPUT_TOKENS and col is not None:
+        from stagescope.analysis.engine_levers import cap_output_tokens
+
+        got = cap_output_tokens(con, view, attr, ev, col)
+        if got is not None:
+            return got
     if col is not None:
         cap = _base_q(ev, stage)
         return _q(

@@ -22,7 +22,9 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
   requests (ms), the reference for "behaved like its baseline";
 * ``model`` (when the service exported them, see :mod:`~stagescope.analysis.quality`): the served
   model's and its lever variants' eval-set accuracy and measured batch times;
-  ``quality_budget_points``: the SLO's accuracy budget for model-changing levers.
+  ``quality_budget_points``: the SLO's accuracy budget for model-changing levers;
+* LLM engines' evidence (output tokens and time per token of tail and baseline, vLLM's and SGLang's
+  own metrics): :mod:`~stagescope.analysis.engine_evidence`.
 
 Sampled traces: shares, means and quantiles count each request ``1 / sampling_p`` times
 (analysis.weighting); whether an input repeats is judged on the inputs the kept traces show, so
@@ -36,6 +38,7 @@ from typing import Any
 
 import duckdb
 
+from stagescope.analysis import engine_evidence
 from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
@@ -145,6 +148,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     if facts:
         ev["model"] = facts
     ev["quality_budget_points"] = view.slo.quality_budget
+    ev.update(engine_evidence.gather(con, view, attr, ev))  # output lengths, the engines' own metrics
     return ev
 
 

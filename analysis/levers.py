@@ -9,8 +9,15 @@ kind) gets no lever: its rule says so and asks for the kind to be named. Time in
 
 Order of practice: measure first (time in no stage -> add stage spans, no lever), then cut the
 per-request cost (cache, quantize, compile, batch settings), and scale out only when the queue, not
-per-request cost, owns the tail. Low accelerator utilization with a slow CPU stage points to the
-pipeline, not the model. Rules are tried top to bottom; the first whose kind matches and whose
+per-request cost, owns the tail. For LLM engines (the evidence in
+:mod:`~stagescope.analysis.engine_rules`): a queue the KV cache causes gets KV-cache headroom before
+replicas; prefill of prompts that repeat with the prefix cache off gets prefix caching before chunked
+prefill; a decode tail of long outputs at the baseline's time per token gets an output budget, not
+faster decoding; the engine's front end (its API server, kind ``cpu``) gets more API-server
+processes, and a gateway in front of it (kind ``network``) is measured first. A rule may name the
+one stage it is for (``Rule.stage``); it then applies to that stage only, ahead of its kind's
+general rules. Low accelerator utilization with a slow CPU stage points to the pipeline, not the
+model. Rules are tried top to bottom; the first whose kind matches and whose
 condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
 must also pass the quality gate: when the service exported the accuracy its variant measured on the
 model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagescope import names as N
+from stagescope.analysis import engine_rules as ER
 from stagescope.analysis import quality as QL
 
 __all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
@@ -157,13 +165,19 @@ class Rule:
     """``kind`` + ``when(evidence)`` -> ``lever``; ``why(evidence, stage)`` is the rationale for the
     stage (of that kind) it is applied to. ``kind`` is one of ``names.KINDS``, ``names.KIND_UNKNOWN``
     or ``names.UNATTRIBUTED`` (time in no stage). ``gated``: the lever changes the model, so it must
-    also pass the quality gate."""
+    also pass the quality gate. ``stage``: the one stage name the rule is for (an LLM engine's
+    ``front_end``, a ``gateway``); None: every stage of the kind."""
 
     kind: str
     lever: str | None
     when: Callable[[Evidence], bool]
     why: Callable[[Evidence, str], str]
     gated: bool = False
+    stage: str | None = None
+
+    def matches(self, stage: str, key: str) -> bool:
+        """The rule is for this stage (``key``: its kind, or ``unattributed``)."""
+        return self.kind == key and (self.stage is None or self.stage == stage)
 
     def acceptable(self, ev: Evidence) -> bool:
         """False only when the gate applies and the measured accuracy drop exceeds the budget."""
@@ -220,6 +234,12 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}. Slow reads from another store or service: serve "
         f"{'hot features' if st == N.STAGE_FEATURE_FETCH else 'what ' + st + ' reads for hot keys'} from a "
         "local cache (per-request cost, no retraining).")),
+    # an LLM engine's front end (analysis/ingest/engines.py): CPU work, but in the engine's API server
+    Rule(N.KIND_CPU, N.LEVER_MORE_API_SERVERS, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}. The engine's front end (its API server: request parsing, chat "
+        "template, tokenization, the hand-off to the engine core) holds requests before they reach the "
+        "engine's queue, so the GPU is not what they wait for. Run more API-server processes in front of "
+        "the engine (vLLM --api-server-count N; SGLang --tokenizer-worker-num N)."), stage=N.STAGE_FRONT_END),
     Rule(N.KIND_CPU, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; {_util(ev)}"
         + (": the accelerator starves while the CPU works, so the pipeline, not the model, is the bottleneck"
@@ -233,14 +253,17 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
         f"timer, not when full: cap the max batch wait at {_n(ev.get('batch_wait_cap_ms'), ' ms')}.")),
+    Rule(N.KIND_QUEUE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: requests wait because the KV cache is full, and "
+        "preempted ones are recomputed. Give the KV cache room before adding replicas (vLLM "
+        "--gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs down; SGLang "
+        "--mem-fraction-static).")),
     Rule(N.KIND_QUEUE, N.LEVER_QUANTIZE, _compute_feeds_queue, lambda ev, st: (
         f"{_stage_line(ev, st)}, but compute ({_of_kind(ev, N.KIND_COMPUTE)}) also explains "
         f"{kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
         "(quantize) before scaling out." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
     Rule(N.KIND_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; queue depth {_n(ev.get('queue_depth_tail'))} in the tail vs "
-        f"{_n(ev.get('queue_depth_baseline'))} in the baseline; batches {_n(ev.get('batch_size_tail'))} "
-        f"(largest {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}; compute explains only "
+        f"{_stage_line(ev, st)}; {ER.queue_depth_line(ev)}; {ER.batches_line(ev)}; {_util(ev)}; compute explains only "
         f"{kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
         "(scale out, autoscale on queue depth).")),
     Rule(N.KIND_COMPUTE, N.LEVER_CACHE_RESULTS, _repeats, lambda ev, st: (
@@ -255,9 +278,31 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
         + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
+    Rule(N.KIND_PREFILL, N.LEVER_PREFIX_CACHING, lambda ev: ER.shared_prompts_uncached(ev, REPEATED_SHARE),
+         lambda ev, st: (
+        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat a prompt "
+        "already seen, and the prefix cache "
+        + ("is off (enable_prefix_caching=False)" if ev.get("prefix_caching_enabled") is False else
+           f"hits {_pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
+        + ": shared prompts are prefilled again and again. Enable prefix caching (vLLM "
+        "--enable-prefix-caching; route requests that share a prefix to the same replica).")),
+    Rule(N.KIND_PREFILL, N.LEVER_SCALE_OUT, ER.prefill_is_waiting, lambda ev, st: (
+        f"{_stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
+        "to the scheduler, so it holds the wait queue, and the tail's prompts are no longer than the "
+        f"baseline's ({_n(ev.get('input_tokens_tail'), nd=0)} vs {_n(ev.get('input_tokens_baseline'), nd=0)} "
+        f"tokens); {ER.queue_depth_line(ev)}: the requests waited, they did not prefill longer. Add replicas "
+        "(scale out); SGLang's stage slices (--enable-trace, trace level 1 or more) would split the queue off.")),
     Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
         "prefill so prompt processing is interleaved with other requests.")),
+    Rule(N.KIND_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, ER.long_outputs, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
+        "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "
+        "budget per route or client, or stop sequences).")),
+    Rule(N.KIND_DECODE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
+        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
+        "Give the KV cache room (vLLM --gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs "
+        "down; SGLang --mem-fraction-static).")),
     Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
         f"{_stage_line(ev, st)}; the running decode batch is {_n(_running(ev)[0])} streams "
         f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
@@ -266,12 +311,21 @@ RULES: tuple[Rule, ...] = (
         "(max_num_seqs / max_num_batched_tokens).")),
     Rule(N.KIND_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; the running batch is not larger around slow gaps "
-        f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])}): each decode step itself is slow. "
-        "Speculative decoding cuts the steps per token.")),
+        f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])})"
+        + (f"; {ER.tokens_line(ev)}" if ev.get("per_token_ms_tail") is not None else "")
+        + ": each decode step itself is slow. Speculative decoding cuts the steps per token"
+        + (f" (it is on, accepting {_pct(ev, 'spec_decode_acceptance')} of draft tokens: a better-matched "
+           "draft model or fewer speculative tokens)" if ev.get("spec_decode_acceptance") is not None else "")
+        + ".")),
     Rule(N.KIND_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}. " + _EGRESS_ADVICE.get(st, "Serializing and writing large responses: shrink "
                                                            "the payload (fewer fields, compact encoding, compression).")
     )),
+    # a gateway or router in front of an LLM engine (analysis/ingest/engines.py): measured first
+    Rule(N.KIND_NETWORK, None, _always, lambda ev, st: (
+        f"{_stage_line(ev, st)}: time in the gateway or router in front of the engine, outside "
+        "the engine's own span (its routing, its connections to the engine, the network). Measure it first: "
+        "add stage spans in the gateway before choosing a lever."), stage=N.STAGE_GATEWAY),
     Rule(N.KIND_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}{' (client minus server time)' if st == N.STAGE_NETWORK else ''}. "
         "Transfer time: shrink the response.")),
@@ -293,7 +347,7 @@ def choose(stage: str, kind: str | None, ev: Evidence) -> tuple[str | None, str]
     unknown) and the evidence whose lever is acceptable: ``(lever, rationale)``; None if no rule."""
     key = _key(stage, kind)
     for rule in RULES:
-        if rule.kind == key and rule.when(ev) and rule.acceptable(ev):
+        if rule.matches(stage, key) and rule.when(ev) and rule.acceptable(ev):
             return rule.lever, rule.why(ev, stage)
     return None
 
@@ -304,7 +358,7 @@ def rejected(stage: str, kind: str | None, ev: Evidence) -> list[tuple[str, str]
     key = _key(stage, kind)
     out: list[tuple[str, str]] = []
     for rule in RULES:
-        if rule.kind != key or not rule.when(ev):
+        if not rule.matches(stage, key) or not rule.when(ev):
             continue
         if rule.acceptable(ev):
             break

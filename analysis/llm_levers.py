@@ -21,10 +21,11 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import intervals as I
 from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.breakdown import with_columns
-from stagescope.analysis.weighting import breakdown_quantile as _q
+from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
 __all__ = ["CHUNK_TOKENS", "chunked_prefill", "gap_prediction"]
@@ -65,24 +66,26 @@ def gap_prediction(
         ev["running_cap"] = int(cap)  # the setting this prediction is for (the demo's lever check applies it)
         # scatter around the fit among the gaps that already ran at a batch no larger than the cap (else
         # the lowest decile of running batches): the interference (another stream's prompt in the step,
-        # a stall) that remains once the batch is pinned at the cap
-        resid = f"value_ms - ({icpt!r} + {slope!r} * running)"
-        scatter_q: float | None = None
+        # a stall) that remains once the batch is pinned at the cap; its quantile carries the
+        # prediction's interval (the fit held fixed)
+        res = None
         for cond in (f"running <= {cap!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
-            sub = f"(SELECT * FROM {src} WHERE {cond})"
-            n = con.execute(f"SELECT count(*) FROM {sub}").fetchone()
-            if w is None:
-                got_q = con.execute(f"SELECT quantile_cont({resid}, {q}) FROM {sub}").fetchone()
-                scatter_q = None if got_q is None or got_q[0] is None else float(got_q[0])
-            else:
-                scatter_q = weighted_quantile(con, sub, resid, q, w)
+            low = f"(SELECT * FROM {src} WHERE {cond})"
+            n = con.execute(f"SELECT count(*) FROM {low}").fetchone()
+            res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
             if n is not None and n[0] and n[0] >= 1.0 / max(1e-9, 1.0 - q):
                 break
-        scatter = max(0.0, scatter_q) if scatter_q is not None else 0.0
+        scatter = max(0.0, float(res)) if res is not None else 0.0
         before = _q(con, view.name, "value_ms", q, weight=w)
-        pred = icpt + slope * cap + scatter
+        step = icpt + slope * cap
+        pred = step + scatter
+        lo, hi = res.interval if res is not None else (None, None)
+        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
+        if before is not None and pred > before:  # capping never makes gaps slower than they were
+            pred, ends = float(before), list(before.interval)
         return (
-            round(pred if before is None else min(pred, before), 3),
+            I.estimate(pred, (ends[0], ends[1]), res.method if res is not None else I.METHOD_ORDER,
+                       res.samples if res is not None else 0.0),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
             f"{scatter:.1f} ms scatter of the gaps that already ran at {cap:.0f} streams or fewer",

@@ -8,7 +8,10 @@ what was read and at which step the samples ran out, the way a reader would chec
 3. the route and model the SLO is about: not in the data (the routes or models that are);
 4. shed or abandoned requests: every request of the route was answered 429, or closed by its client
    before the answer was complete (499): neither is a latency sample;
-5. the SLI's attribute: requests exist, none carries what the SLI reads (a TTFT, token gaps).
+5. the SLI's attribute: requests exist, none carries what the SLI reads (a TTFT, token gaps); for
+   TTFT and inter-token SLOs the LLM engines' spans say why where they can: engine spans in traces
+   of their own (a caller without a traceparent), engine spans without a TTFT, SGLang's request
+   spans without their attributes.
 
 Only called for an SLO without samples, so its few queries are off the verdict's path.
 """
@@ -25,6 +28,7 @@ import duckdb
 
 from stagescope import names as N
 from stagescope.analysis.breach import request_filter, scope_filter, sql_str
+from stagescope.analysis.ingest.engines import ENGINE_CONDITION, SGLANG_ROOT_PATTERN
 from stagescope.slo import SLO
 
 __all__ = ["LIST_AT_MOST", "Inputs", "no_data_reason", "read_inputs", "sli_attribute", "top_values"]
@@ -141,6 +145,47 @@ def top_values(con: duckdb.DuckDBPyConnection, column: str, where: str = "true")
     return ", ".join(parts) if parts else "none"
 
 
+def _engine_clause(con: duckdb.DuckDBPyConnection, slo: SLO, flt: str) -> str:
+    """What the LLM engines' spans say about it (analysis.ingest.engines), for an SLO on TTFT or
+    inter-token time: engine spans in traces of their own (not with these requests), engine spans
+    without a TTFT, spans named like SGLang's request spans without its attributes; else ''."""
+    if slo.sli == N.SLI_E2E or not _has(con, "spans"):
+        return ""
+    try:
+        row = con.execute(
+            f"""SELECT count(*), count(ttft_s),
+                       count(*) FILTER (WHERE trace_id IN (SELECT trace_id FROM requests WHERE {flt}))
+                FROM spans s WHERE {ENGINE_CONDITION}"""
+        ).fetchone()
+        bare = _count(
+            con,
+            f"SELECT count(*) FROM spans WHERE regexp_matches(name, {sql_str(SGLANG_ROOT_PATTERN)}) "
+            "AND ttft_s IS NULL AND prefill_s IS NULL AND decode_s IS NULL",
+        )
+    except duckdb.Error:  # a spans relation built some other way
+        return ""
+    n, with_ttft, in_scope = (int(x or 0) for x in row) if row else (0, 0, 0)
+    parts = []
+    if n and not in_scope:
+        parts.append(
+            f"{_plural(n, 'LLM engine span')} ({N.VLLM_SPAN_NAME} or SGLang's request span, with gen_ai.latency.*) "
+            "were read, none in the traces of these requests: an engine whose caller sent no traceparent "
+            "starts a trace of its own (released vLLM does so even under opentelemetry-instrument; "
+            "vllm-project/vllm#39905), so its spans are requests of their own route"
+        )
+    elif n and not with_ttft and slo.sli == N.SLI_TTFT:
+        parts.append(
+            f"{_plural(n, 'LLM engine span')} were read, none with {N.VLLM_ATTR_TTFT} (aborted requests, or "
+            "lifecycle spans without the summary attributes)"
+        )
+    if bare:
+        parts.append(
+            f"{_plural(bare, 'span')} named like SGLang's request spans ('Req <rid>') carry no gen_ai.latency.* "
+            "attributes (SGLang versions before they were set on the root span): nothing to read a TTFT from"
+        )
+    return "".join(f"; {p}" for p in parts)
+
+
 def _scope_words(slo: SLO) -> str:
     parts = [f"{k} {v}" for k, v in (("route", slo.route), ("model", slo.model)) if v is not None]
     return f" on {' and '.join(parts)}" if parts else ""
@@ -184,7 +229,8 @@ def no_data_reason(
         if value is not None and not _count(
             con, f"SELECT count(*) FROM requests WHERE {col} = {sql_str(value)}"
         ):
-            return f"{col} {value} not in the data: {col}s seen are {top_values(con, col)}{tail}"
+            eng = _engine_clause(con, slo, "true") if col == "route" else ""
+            return f"{col} {value} not in the data: {col}s seen are {top_values(con, col)}{eng}{tail}"
     where = _scope_words(slo)
     n_scope = _count(con, f"SELECT count(*) FROM requests WHERE {scope_filter(slo)}")
     if n_scope == 0:  # the route and the model are in the data, never together
@@ -208,4 +254,7 @@ def no_data_reason(
         ).fetchall()
         if with_it:
             others = f" (routes with such samples: {', '.join(str(r[0]) for r in with_it)})"
-    return f"{_plural(n_kept, 'request span')} seen{where}, none with {sli_attribute(slo.sli)}{others}{tail}"
+    eng = _engine_clause(con, slo, request_filter(slo))
+    return (
+        f"{_plural(n_kept, 'request span')} seen{where}, none with {sli_attribute(slo.sli)}{others}{eng}{tail}"
+    )

@@ -11,6 +11,7 @@ import html
 import json
 from typing import Any
 
+from stagescope.analysis import report_context as RC
 from stagescope.names import (
     KIND_UNKNOWN,
     SOURCE_CLIENT_RESULTS,
@@ -82,6 +83,8 @@ def headline(report: dict[str, Any]) -> list[str]:
         f"{_q_name(report)} {_ms(report.get('quantile_ms'))} against {slo['threshold_ms']:g} ms over "
         f"{report['samples']} samples"
     ]
+    if (qline := RC.quantile_interval_line(report)) is not None:
+        lines.append(qline)
     v = report.get("verdict")
     if v:
         row: dict[str, Any] = next((r for r in report["attribution"] if r["stage"] == v["stage"]), {})
@@ -92,7 +95,12 @@ def headline(report: dict[str, Any]) -> list[str]:
             f"Stage: {_stage_label(v['stage'], kind)} ({'n/a' if share is None else f'{share:.0%}'} of "
             f"the excess latency); lever: "
             + (v["lever"] or ("none until its kind is named" if unnamed else "measure first"))
-            + (f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}" if lev and v["lever"] else "")
+            + (
+                f"; predicted {_q_name(report)} after it: {_ms(lev['predicted_p99_ms'])}"
+                + (f" {iv}" if (iv := RC.interval_text(lev.get("interval_ms"))) else "")
+                if lev and v["lever"]
+                else ""
+            )
         )
     return lines + quality_lines(report)
 
@@ -131,11 +139,8 @@ def quality_lines(report: dict[str, Any]) -> list[str]:
 def to_text(report: dict[str, Any]) -> str:
     """A short terminal summary."""
     out = headline(report)
-    lat = report["latency_ms"]
     if status(report) != STATUS_NO_DATA:
-        out.append(
-            f"p50 {_ms(lat['p50'])}  p95 {_ms(lat['p95'])}  p99 {_ms(lat['p99'])}  requests {report['requests']}"
-        )
+        out.append(f"{RC.latency_words(report)}  requests {report['requests']}")
         src = sources_line(report)
         if src:
             out.append(src)
@@ -157,15 +162,20 @@ def to_text(report: dict[str, Any]) -> str:
             out.append(
                 f"- {_lever_word(lv)} ({_stage_label(lv['stage'], lv.get('kind'))}): "
                 f"predicted {_ms(lv['predicted_p99_ms'])}"
+                + (f" {iv}" if (iv := RC.interval_text(lv.get("interval_ms"))) else "")
+                + (f"; {cd}" if (cd := RC.cost_delta_text(lv.get("cost_delta"))) else "")
                 + (" [not acceptable: quality budget]" if lv.get("acceptable") is False else "")
             )
             out.append(f"  {lv['rationale']}")
+    if cost := RC.cost_lines(report):
+        out += ["", *cost]
     out += counter_lines(report)
     out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
     if report.get("windows"):
         out.append("")
         out.append(f"windows breached: {len(bad)} of {len(report['windows'])}")
+        out += RC.window_text_lines(report)
     for w in report.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out) + "\n"
@@ -222,7 +232,7 @@ def sources_line(report: dict[str, Any]) -> str:
 
 
 def counter_lines(report: dict[str, Any]) -> list[str]:
-    """Per-request means from the servers' own counters (Triton, vLLM), when they were scraped."""
+    """Per-request means from the servers' own counters (Triton, vLLM, SGLang), when they were scraped."""
     lines = []
     for r in report.get("server_counters", {}).get("triton", []):
         compute = _sum(r, "compute_input_ms", "compute_infer_ms", "compute_output_ms")
@@ -236,9 +246,19 @@ def counter_lines(report: dict[str, Any]) -> list[str]:
             line += f", first response {_ms(r['first_response_ms'])}"
         lines.append(line)
     for r in report.get("server_counters", {}).get("vllm", []):
+        engines = int(r.get("engines") or 1)
         lines.append(
-            f"vLLM {r['model']}: {r['requests']:.0f} requests, per request queue {_ms(r.get('queue_ms'))}, "
-            f"prefill {_ms(r.get('prefill_ms'))}, decode {_ms(r.get('decode_ms'))}"
+            f"vLLM {r['model']}: {r['requests']:.0f} requests"
+            + (f" (summed over {engines} engine series)" if engines > 1 else "")
+            + f", per request queue {_ms(r.get('queue_ms'))}, prefill {_ms(r.get('prefill_ms'))}, "
+            f"decode {_ms(r.get('decode_ms'))}"
+        )
+    for r in report.get("server_counters", {}).get("sglang", []):
+        stages = ", ".join(f"{k} {_ms(v)}" for k, v in sorted((r.get("stages") or {}).items()))
+        n = f"{r['requests']:.0f} requests" if r.get("requests") is not None else "requests not counted"
+        lines.append(
+            f"SGLang {r['model']}: {n}, per request queue {_ms(r.get('queue_ms'))}"
+            + (f"; per stage {stages}" if stages else "")
         )
     return ["", *lines] if lines else []
 
@@ -301,6 +321,7 @@ def to_html(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     lever_rows = [
         [_lever_word(lv), _stage_label(lv["stage"], lv.get("kind")), _ms(lv["predicted_p99_ms"]),
+         RC.interval_text(lv.get("interval_ms")) or "-", RC.cost_delta_text(lv.get("cost_delta")) or "-",
          lv["rationale"]]
         for lv in report["levers"]
     ]
@@ -309,7 +330,6 @@ def to_html(report: dict[str, Any]) -> str:
          ", ".join(f"{k} {v:.0f}" for k, v in sorted(s["stages"].items(), key=lambda kv: -kv[1])[:5])]
         for s in report.get("slowest", [])
     ]  # fmt: skip
-    lat = report["latency_ms"]
     head = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>stagescope report: {e(report['slo']['spec'])}</title><style>{_CSS}</style></head><body>",
@@ -320,7 +340,7 @@ def to_html(report: dict[str, Any]) -> str:
         return "\n".join([*head, *_routes_html(report), *_warnings_html(report), "</body></html>\n"])
     parts = [
         *head,
-        f"<p class='small'>p50 {_ms(lat['p50'])} · p95 {_ms(lat['p95'])} · p99 {_ms(lat['p99'])} · "
+        f"<p class='small'>{e(RC.latency_words(report, ' · '))} · "
         f"{report['requests']} requests, {report['samples']} samples</p>",
         f"<p class='small' id='sources'>{e(sources_line(report))}</p>" if sources_line(report) else "",
         *_routes_html(report),
@@ -331,7 +351,7 @@ def to_html(report: dict[str, Any]) -> str:
             attr_rows,
         ),
         "<h2>Levers</h2>",
-        _table(["lever", "stage", "predicted", "rationale"], lever_rows)
+        _table(["lever", "stage", "predicted", "95% interval", "cost change", "rationale"], lever_rows)
         if lever_rows
         else f"<p>{_no_lever(report)}</p>",
         "<h2>Latency distribution</h2>",
@@ -340,10 +360,13 @@ def to_html(report: dict[str, Any]) -> str:
         _img(
             plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"
         ),
+        _table(*RC.window_rows(report)),
         "<h2>Slowest traces</h2>",
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),
     ]
+    if cost := RC.cost_lines(report):
+        parts.append("<h2>Cost</h2><ul id='cost'>" + "".join(f"<li>{e(x)}</li>" for x in cost) + "</ul>")
     counters = [x for x in counter_lines(report) if x]
     if counters:
         parts.append("<h2>Server counters</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in counters) + "</ul>")

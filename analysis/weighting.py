@@ -66,13 +66,20 @@ def mean_sql(expr: str, cond: str | None, weight: str | None) -> str:
     return f"(sum(({weight}) * ({expr})){flt} / nullif(sum({weight}) FILTER (WHERE {known}), 0))"
 
 
+#: Decimal places weighted ranks are rounded to before they are compared: weights are 1/p sums
+#: (1/0.2 is 5.000000000000001 in binary), and without rounding a float error in the running sum
+#: moves a quantile by a whole rank. A millionth of a sample is far below any rank that matters.
+_RANK_DIGITS = 6
+
+
 def weighted_quantile_sql(src: str, expr: str, q: float, weight: str, by: str | None = None) -> str:
     """SQL of :func:`weighted_quantile` per group of ``by`` (columns ``g``, ``value``), or over all of
     ``src`` (one row, ``g`` NULL)."""
     return f"""WITH v AS (SELECT {by or "NULL"} AS g, {expr} AS v, {weight} AS w FROM {src}),
                  k AS (SELECT * FROM v WHERE v IS NOT NULL AND w > 0),
-                 c AS (SELECT g, v, sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
-                              {q!r} * (sum(w) OVER (PARTITION BY g) - 1) AS h FROM k),
+                 c AS (SELECT g, v, round(sum(w) OVER (PARTITION BY g ORDER BY v ROWS UNBOUNDED PRECEDING) - w,
+                                          {_RANK_DIGITS}) AS r0,
+                              round({q!r} * (sum(w) OVER (PARTITION BY g) - 1), {_RANK_DIGITS}) AS h FROM k),
                  b AS (SELECT g, max(v) FILTER (WHERE r0 <= floor(h)) AS lo,
                               max(v) FILTER (WHERE r0 <= floor(h) + 1) AS hi, any_value(h - floor(h)) AS frac
                        FROM c GROUP BY g)
@@ -109,8 +116,8 @@ def weighted_quantiles(
     )
     row = con.execute(
         f"""WITH k AS (SELECT {expr} AS v, {weight} AS w FROM {src} WHERE ({expr}) IS NOT NULL{flt}),
-                 c AS (SELECT v, sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) - w AS r0,
-                              sum(w) OVER () AS t FROM k WHERE w > 0)
+                 c AS (SELECT v, round(sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) - w, {_RANK_DIGITS}) AS r0,
+                              round(sum(w) OVER (), {_RANK_DIGITS}) AS t FROM k WHERE w > 0)
             SELECT {picks} FROM c"""
     ).fetchone()
     out: list[float | None] = []

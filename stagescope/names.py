@@ -28,6 +28,10 @@ STAGE_DECODE: Final = "decode"  # LLM: first token -> last token
 STAGE_POSTPROCESS: Final = "postprocess"  # CPU work turning model output into the answer
 STAGE_EGRESS: Final = "egress"  # serialization and response write
 STAGE_COLD_START: Final = "cold_start"  # time a request waited for a model load
+# Stages of an LLM engine's request that its own spans measure (vLLM, SGLang; see
+# analysis/ingest/engines.py for the upstream files each one follows).
+STAGE_FRONT_END: Final = "front_end"  # engine's front end: API server, tokenization, hand-off (IPC)
+STAGE_GATEWAY: Final = "gateway"  # a gateway / router in front of the engine, outside the engine's span
 # Stages other servers measure that stagescope's own instrumentation has no exact match for (Triton's
 # trace timestamps, see analysis/ingest/triton.py); a team may record them too.
 STAGE_RECEIVE: Final = "receive"  # the server reading the request off the network (Triton HTTP_RECV_*)
@@ -53,6 +57,8 @@ STAGES: Final[tuple[str, ...]] = (
     STAGE_DESERIALIZE,
     STAGE_COMPUTE_INPUT,
     STAGE_COMPUTE_OUTPUT,
+    STAGE_FRONT_END,
+    STAGE_GATEWAY,
 )
 #: Stages that are waiting rather than working: tail latency mostly lives here.
 WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
@@ -71,6 +77,11 @@ STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
     STAGE_POSTPROCESS: "CPU postprocessing of model output",
     STAGE_EGRESS: "response serialization and write",
     STAGE_COLD_START: "waiting for a model load (cold start)",
+    STAGE_FRONT_END: "an LLM engine's front end: its API server (request parsing, chat template, "
+    "tokenization) and the hand-off to the engine core, before the request joins the engine's queue, "
+    "and the hand-back after its last token",
+    STAGE_GATEWAY: "a gateway or router in front of the engine (its own work, and the network to and "
+    "from the engine): the request's outer span minus the engine's",
     STAGE_RECEIVE: "the server reading the request body off the network",
     STAGE_DESERIALIZE: "the server's frontend parsing the request into input tensors",
     STAGE_COMPUTE_INPUT: "copying / preparing input tensors for the model (host to GPU)",
@@ -145,6 +156,8 @@ STAGE_KINDS: Final[dict[str, str]] = {
     STAGE_DESERIALIZE: KIND_INGRESS,
     STAGE_COMPUTE_INPUT: KIND_INGRESS,
     STAGE_COMPUTE_OUTPUT: KIND_EGRESS,
+    STAGE_FRONT_END: KIND_CPU,  # an engine's API server: parsing, chat template, tokenization, IPC
+    STAGE_GATEWAY: KIND_NETWORK,  # a proxy in front of the engine, and the network to it
 }
 #: Stage names past a process's cap of custom names are recorded under this one name (their kind is
 #: kept), and counted in METRIC_STAGES_FOLDED.
@@ -173,6 +186,19 @@ LEVER_COMPILE_RUNTIME: Final = "compile-runtime"
 LEVER_SHRINK_RESPONSE: Final = "shrink-response"
 LEVER_CHUNKED_PREFILL: Final = "chunked-prefill"
 LEVER_SPECULATIVE_DECODING: Final = "speculative-decoding"
+#: More API-server (front-end) processes in front of one engine: vLLM ``--api-server-count N`` (vllm
+#: serve), SGLang ``--tokenizer-worker-num N``: tokenization and request handling in parallel.
+LEVER_MORE_API_SERVERS: Final = "more-api-servers"
+#: Cap what a request may generate (``max_tokens`` / ``max_completion_tokens`` budget per route or
+#: client): long outputs, not slow steps, make the tail of an end-to-end SLO.
+LEVER_CAP_OUTPUT_TOKENS: Final = "cap-output-tokens"
+#: Give the KV cache room before adding replicas (vLLM ``--gpu-memory-utilization`` up,
+#: ``--kv-cache-dtype fp8``, ``--max-num-seqs`` down; SGLang ``--mem-fraction-static``): preemptions
+#: that rise with the running batch mean requests are evicted and recomputed.
+LEVER_KV_CACHE_HEADROOM: Final = "kv-cache-headroom"
+#: Reuse shared prompt prefixes (vLLM ``--enable-prefix-caching``, prefix-aware routing across
+#: replicas; SGLang's radix cache is on unless ``--disable-radix-cache``).
+LEVER_PREFIX_CACHING: Final = "prefix-caching"
 LEVER_SHRINK_REQUEST: Final = "shrink-request"
 
 LEVERS: Final[tuple[str, ...]] = (
@@ -189,6 +215,10 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_CHUNKED_PREFILL,
     LEVER_SPECULATIVE_DECODING,
     LEVER_SHRINK_REQUEST,
+    LEVER_MORE_API_SERVERS,
+    LEVER_CAP_OUTPUT_TOKENS,
+    LEVER_KV_CACHE_HEADROOM,
+    LEVER_PREFIX_CACHING,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -323,6 +353,41 @@ VLLM_PREFILL_TIME: Final = "vllm:request_prefill_time_seconds"
 VLLM_DECODE_TIME: Final = "vllm:request_decode_time_seconds"
 VLLM_INFERENCE_TIME: Final = "vllm:request_inference_time_seconds"
 VLLM_LABEL_MODEL: Final = "model_name"
+# vLLM V1 (vllm/v1/metrics/loggers.py): every family also carries ``engine`` (the data-parallel engine
+# index); counters are exposed with ``_total`` by prometheus_client whatever the source name says.
+VLLM_LABEL_ENGINE: Final = "engine"
+VLLM_NUM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
+VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"  # tokens queried
+VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"  # tokens found in the cache
+VLLM_GPU_PREFIX_CACHE_QUERIES: Final = "vllm:gpu_prefix_cache_queries_total"  # before the rename
+VLLM_GPU_PREFIX_CACHE_HITS: Final = "vllm:gpu_prefix_cache_hits_total"  # before the rename
+VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"  # before kv_cache_usage_perc (0..1)
+VLLM_ITERATION_TOKENS: Final = "vllm:iteration_tokens_total"  # histogram: tokens per engine step
+VLLM_SPEC_DRAFTS: Final = "vllm:spec_decode_num_drafts_total"
+VLLM_SPEC_DRAFT_TOKENS: Final = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_SPEC_ACCEPTED_TOKENS: Final = "vllm:spec_decode_num_accepted_tokens_total"
+VLLM_TPOT_LEGACY: Final = "vllm:time_per_output_token_seconds"  # before inter_token_latency_seconds
+VLLM_CACHE_CONFIG_INFO: Final = "vllm:cache_config_info"  # gauge 1, configuration in labels
+VLLM_LABEL_PREFIX_CACHING: Final = "enable_prefix_caching"  # label of VLLM_CACHE_CONFIG_INFO
+
+# SGLang (prefix ``sglang:``, python/sglang/srt/metrics/collector.py; labels ``model_name`` and the
+# ranks of the process that published the series: ``tp_rank``, ``dp_rank``, ``pp_rank``, ...).
+SGLANG_LABEL_MODEL: Final = "model_name"
+SGLANG_LABEL_STAGE: Final = "stage"  # of SGLANG_PER_STAGE_LATENCY
+SGLANG_PER_STAGE_LATENCY: Final = "sglang:per_stage_req_latency_seconds"  # histogram: stage
+SGLANG_QUEUE_TIME: Final = "sglang:queue_time_seconds"  # histogram: wait queue -> forward
+SGLANG_TTFT: Final = "sglang:time_to_first_token_seconds"
+SGLANG_ITL: Final = "sglang:inter_token_latency_seconds"
+SGLANG_E2E: Final = "sglang:e2e_request_latency_seconds"
+SGLANG_NUM_QUEUE_REQS: Final = "sglang:num_queue_reqs"  # gauge: requests in the waiting queue
+SGLANG_NUM_RUNNING_REQS: Final = "sglang:num_running_reqs"
+SGLANG_TOKEN_USAGE: Final = "sglang:token_usage"  # gauge 0..1: KV cache pool in use
+SGLANG_CACHE_HIT_RATE: Final = "sglang:cache_hit_rate"  # gauge 0..1: prefix (radix) cache hit rate
+SGLANG_RETRACTED: Final = "sglang:num_retracted_requests_total"  # counter: requests retracted (preempted)
+SGLANG_SPEC_ACCEPT_RATE: Final = "sglang:spec_accept_rate"  # gauge 0..1
+SGLANG_PROMPT_TOKENS: Final = "sglang:prompt_tokens_total"
+SGLANG_CACHED_TOKENS: Final = "sglang:cached_tokens_total"  # prompt tokens served from the cache
+SGLANG_NUM_REQUESTS: Final = "sglang:num_requests_total"
 
 # llama.cpp's llama-server (``--metrics``; prefix ``llamacpp:``, no labels). Names as its
 # tools/server/server-task.cpp (server_task_result_metrics::to_metrics) writes them in the vendored
@@ -488,6 +553,35 @@ VLLM_ATTR_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 VLLM_ATTR_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
 VLLM_ATTR_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 VLLM_ATTR_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+# vLLM's request-lifecycle child spans of llm_request (tests/tracing/test_request_lifecycle_tracing.py).
+VLLM_SPAN_QUEUE: Final = "vllm.request.queue"
+VLLM_SPAN_PREFILL: Final = "vllm.request.prefill"
+VLLM_SPAN_DECODE: Final = "vllm.request.decode"
+VLLM_SPAN_WAIT_REMOTE_KV: Final = "vllm.request.wait_remote_kv"
+#: vLLM's and SGLang's child span names -> the stage they measure. SGLang's are its request stages
+#: (python/sglang/srt/observability/req_time_stats.py ``RequestStage``), spans under the request's
+#: root span ("Req <rid>") and its thread spans.
+ENGINE_CHILD_SPAN_STAGES: Final[dict[str, str]] = {
+    VLLM_SPAN_QUEUE: STAGE_QUEUE,
+    VLLM_SPAN_PREFILL: STAGE_PREFILL,
+    VLLM_SPAN_DECODE: STAGE_DECODE,
+    VLLM_SPAN_WAIT_REMOTE_KV: STAGE_QUEUE,
+    "tokenize": STAGE_FRONT_END,
+    "api_server_dispatch": STAGE_FRONT_END,
+    "dispatch": STAGE_FRONT_END,
+    "dpc_dispatch": STAGE_FRONT_END,
+    "dc_dispatch": STAGE_FRONT_END,
+    "request_process": STAGE_FRONT_END,
+    "prefill_waiting": STAGE_QUEUE,
+    "prefill_forward": STAGE_PREFILL,
+    "chunked_prefill": STAGE_PREFILL,
+    "decode_waiting": STAGE_DECODE,
+    "decode_forward": STAGE_DECODE,
+    "decode_loop": STAGE_DECODE,
+}
+#: ``requests.source`` of a request an LLM engine's own span measured.
+SOURCE_VLLM: Final = "vllm"
+SOURCE_SGLANG: Final = "sglang"
 
 # --------------------------------------------------------------------------------------------------
 # Probability sampling (OpenTelemetry, specification/trace/tracestate-probability-sampling.md and

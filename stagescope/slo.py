@@ -65,6 +65,8 @@ class SLO:
     window: str = "30d"
     #: accuracy points (0-100 scale) a model-changing lever may cost; None: no quality gate
     quality_budget: float | None = None
+    #: price of one accelerator-hour (any currency); None: the report gives accelerator-seconds only
+    accelerator_price_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
@@ -90,7 +92,15 @@ class SLO:
         if window_s > MAX_WINDOW_S:
             raise ValueError(f"window must be at most 366d, got {self.window[:40]!r}")
         if self.quality_budget is not None:
-            check_number(self.quality_budget, "quality_budget", lo=0.0, hi=100.0, error=ValueError)
+            check_number(self.quality_budget, "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError)
+        if self.accelerator_price_per_hour is not None:
+            check_number(
+                self.accelerator_price_per_hour,
+                "accelerator_price_per_hour (the price of one accelerator-hour)",
+                lo=0.0,
+                lo_open=True,
+                error=ValueError,
+            )
 
     @property
     def quantile(self) -> float:
@@ -126,6 +136,7 @@ class SLO:
             "window": self.window,
             "spec": self.spec,
             "quality_budget": self.quality_budget,
+            "accelerator_price_per_hour": self.accelerator_price_per_hour,
         }
 
 
@@ -209,7 +220,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
 
 _KNOWN_KEYS = frozenset(
     {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
-     "quality_budget"}
+     "quality_budget", "accelerator_price_per_hour"}
 )
 
 
@@ -237,7 +248,16 @@ def _slo_from_item(item: dict[str, Any]) -> SLO:
         window=item.get("window", "30d") if isinstance(item.get("window", "30d"), str) else _bad_window(item),
         quality_budget=None
         if item.get("quality_budget") is None
-        else check_number(item["quality_budget"], "quality_budget", lo=0.0, hi=100.0, error=ValueError),
+        else check_number(item["quality_budget"], "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError),
+        accelerator_price_per_hour=None
+        if item.get("accelerator_price_per_hour") is None
+        else check_number(
+            item["accelerator_price_per_hour"],
+            "accelerator_price_per_hour (the price of one accelerator-hour)",
+            lo=0.0,
+            lo_open=True,
+            error=ValueError,
+        ),
     )
 
 

@@ -44,7 +44,7 @@ def test_quality_budget_in_the_slo_file(tmp_path: Path) -> None:
     (slo,) = load_slo_file(write(", quality_budget: 0.5"))
     assert slo.quality_budget == 0.5 and slo.to_dict()["quality_budget"] == 0.5
     for bad in ("-1", "101", "'half'", "true", ".nan"):
-        with pytest.raises(UserError, match=r"quality_budget must be a finite number in \[0, 100\]"):
+        with pytest.raises(UserError, match=r"quality_budget \(accuracy points\) must be a finite number in \[0, 100\]"):
             load_slo_file(write(f", quality_budget: {bad}"))
 
 

@@ -12,7 +12,9 @@ but never reaches the backend, so the compute counters hold only the executed re
 per request is divided by ``request_success - nv_cache_num_hits_per_model``. The first-response
 histogram ``nv_inference_first_response_histogram_ms`` gives the mean time to first response
 (its observations are whole milliseconds, rounded down: core src/infer_response.cc
-``UpdateResponseMetrics``). vLLM's stage histograms give the same through ``_sum / _count`` (seconds).
+``UpdateResponseMetrics``). vLLM's stage histograms give the same through ``_sum / _count`` (seconds),
+summed over its engines and instances: :func:`~stagescope.analysis.ingest.engine_metrics.vllm_stage_means`
+(re-exported here).
 
 Increases are computed per series (labels, source) ordered by ``ts_ms``, counting a counter reset as
 a restart from zero (as PromQL's ``increase`` does). Results are in **milliseconds**.
@@ -27,8 +29,9 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis.ingest.engine_metrics import vllm_stage_means
 
-__all__ = ["trace_coverage", "triton_breakdown", "vllm_stage_means"]
+__all__ = ["increase", "trace_coverage", "triton_breakdown", "vllm_stage_means"]
 
 _TRITON_PARTS = {
     "queue": N.TRITON_QUEUE_DURATION_US,
@@ -37,17 +40,11 @@ _TRITON_PARTS = {
     "compute_output": N.TRITON_COMPUTE_OUTPUT_US,
     "request": N.TRITON_REQUEST_DURATION_US,
 }
-_VLLM_PARTS = {
-    "queue": N.VLLM_QUEUE_TIME,
-    "prefill": N.VLLM_PREFILL_TIME,
-    "decode": N.VLLM_DECODE_TIME,
-    "inference": N.VLLM_INFERENCE_TIME,
-    "ttft": N.VLLM_TTFT,
-    "e2e": N.VLLM_E2E,
-}
 
 
-def _increase(points: list[tuple[int | None, float | None]]) -> float | None:
+def increase(points: list[tuple[int | None, float | None]]) -> float | None:
+    """A counter's increase over its points ``(ts_ms, value)`` (a reset counts as a restart from zero,
+    as PromQL's ``increase`` does); for a snapshot without timestamps, its value."""
     vals = [(t, v) for t, v in points if v is not None]
     if not vals:
         return None
@@ -73,7 +70,7 @@ def _series(
     )
     for metric, source, labels, ts, value in rows:
         pts[(source, *labels)][metric].append((ts, value))
-    return {k: {m: _increase(p) for m, p in by_metric.items()} for k, by_metric in pts.items()}
+    return {k: {m: increase(p) for m, p in by_metric.items()} for k, by_metric in pts.items()}
 
 
 def _per_request(total: float | None, n: float | None, scale: float) -> float | None:
@@ -149,19 +146,3 @@ def trace_coverage(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -
             )
     return out
 
-
-def vllm_stage_means(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Per vLLM model/source: requests (queue-histogram count) and mean ms per request of queue,
-    prefill, decode, inference, ttft and e2e (``_sum / _count`` increases)."""
-    metrics = [f"{h}_{s}" for h in _VLLM_PARTS.values() for s in ("sum", "count")]
-    out = []
-    for (source, model), inc in sorted(_series(con, metrics, (N.VLLM_LABEL_MODEL,)).items(), key=str):
-        row: dict[str, Any] = {
-            "model": model,
-            "source": source,
-            "requests": inc.get(f"{N.VLLM_QUEUE_TIME}_count"),
-        }
-        for part, h in _VLLM_PARTS.items():
-            row[f"{part}_ms"] = _per_request(inc.get(f"{h}_sum"), inc.get(f"{h}_count"), 1e3)
-        out.append(row)
-    return out

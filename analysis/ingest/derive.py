@@ -5,11 +5,16 @@
   load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
   Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
   trace that also holds a server span; their duration is ``client_duration_ms``.
+  An LLM engine's own span (vLLM's ``llm_request``, SGLang's ``Req <rid>``: the ``gen_ai.latency.*``
+  attributes) is a request where it stands alone, and otherwise the sample of the request it sits
+  under or beside (its *host*: the engine's HTTP server span, a gateway's): the engine gives TTFT,
+  inter-token time and tokens, the host the end-to-end time (see :mod:`.engines`).
 * ``stages``: every span whose ``stagescope.stage`` is a non-empty string (any name: a team's own
   stages are stages of their own), with its ``kind`` (see :mod:`~stagescope.analysis.kinds`: the
   span's ``stagescope.stage.kind``, else the kind a built-in name implies, else ``unknown``); for
-  vLLM ``llm_request`` spans, the intervals queue -> prefill -> decode (kinds of the same names) laid
-  end to end from the span start using ``gen_ai.latency.*``; and a ``network`` row (kind network,
+  engine spans, their stages (front_end, queue, prefill, decode; gateway in a host above the engine)
+  from their attributes by engine and version, or from their child spans (:mod:`.engines`), with
+  the kinds their names imply; and a ``network`` row (kind network,
   client minus server duration) where a client span exists and the difference is positive (placed
   at the client span's start; only its length is meaningful). A span whose ``stagescope.stage`` is
   there but not a non-empty string (``stage_invalid``) is neither a stage nor a request: its time is
@@ -21,7 +26,8 @@
 ``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
 span) and the input hash that the analysis joins and groups on (see analysis.keys). A stage row's
 ``request_key`` is its request's: the request span is the stage span's parent (as stagescope emits
-them), the vLLM span itself, or the request a ``network`` row measures; for a stage or vLLM span
+them), an engine span's host (for the engine's stages, and stage spans under the engine span), or
+the request a ``network`` row measures; for a stage span
 under a SERVER span that is itself the direct child of a request span (two instrumentations each
 opening a SERVER span in one process, as vLLM's ``llm_request`` under ``opentelemetry-instrument``),
 that request's; NULL where the parent is not a request span (the analysis then goes by time within
@@ -31,12 +37,15 @@ Identity: a request is one span id. Copies of one span id (an exporter's retry, 
 span written by the service's own tracer provider and by stagescope's sink) are one span (the ingest
 keeps one copy before this derivation), and of the SERVER spans of a trace only those without a
 parent in it are requests, so an in-process second SERVER span never counts as a second request.
+An engine span with a host is that host's sample, never a request of its own (several engine spans
+under one host, ``n > 1``, are one request).
 
-Sources: ``stagescope`` (the request has stage spans or ``stagescope.*`` attributes), ``vllm``
-(``gen_ai.latency`` stage attributes or the span name ``llm_request``), else ``generic``.
+Sources: ``vllm`` or ``sglang`` (an engine span is the request or its sample), ``stagescope`` (the
+request has stage spans or ``stagescope.*`` attributes), else ``generic``.
 
 ``requests.sampling_p`` is the probability that the request's trace was kept: from the ``th``
-rejection threshold in the ``ot`` entry of the request span's W3C tracestate (OpenTelemetry's
+rejection threshold in the ``ot`` entry of the request span's W3C tracestate (or its engine span's,
+where the host's has none: one trace, one sampling decision) (OpenTelemetry's
 probability sampling: ``(2^56 - th) / 2^56``); without a ``th``, 1 when ``stagescope.sampled_reason``
 is ``slow`` or ``error`` (stagescope keeps those whatever the trace id), else NULL: unknown (a
 collector's tail sampling, another vendor's sampler, a service that kept everything without saying
@@ -46,6 +55,7 @@ so). ``sampled_reason`` is that attribute as written.
 from __future__ import annotations
 
 from stagescope import names
+from stagescope.analysis.ingest.engines import engine_hosts_sql, engine_spans_sql, engine_stage_rows_sql
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
 from stagescope.analysis.keys import key_sql, request_keys_sql
@@ -83,7 +93,7 @@ REQUEST_COLUMNS = {
     "request_key": "UBIGINT",
 }
 
-_VLLM = sql_str(names.VLLM_SPAN_NAME)
+
 _MAX_T = names.SAMPLING_MAX_THRESHOLD
 
 
@@ -100,9 +110,6 @@ def sampling_p_sql(trace_state: str, reason: str) -> str:
 
 def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
     """Statements creating ``requests``, ``stages`` and ``token_gaps`` (``kind``: TABLE or VIEW)."""
-    is_vllm = (
-        f"(s.name = {_VLLM} OR s.queue_s IS NOT NULL OR s.prefill_s IS NOT NULL OR s.decode_s IS NOT NULL)"
-    )
     return [
         f"""CREATE OR REPLACE TEMP TABLE _client AS
 SELECT c.trace_id, max((c.end_ns - c.start_ns) / 1e6) AS client_ms, min(c.start_ns) AS client_start,
@@ -114,63 +121,73 @@ WHERE coalesce(c.is_client_attr, false)
 GROUP BY c.trace_id""",
         f"""CREATE OR REPLACE TEMP TABLE _staged AS
 SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
+        *engine_spans_sql(spans),
+        # request candidates: SERVER spans, local roots, and every LLM engine's span (SGLang's is INTERNAL)
         f"""CREATE OR REPLACE TEMP TABLE _cand AS
 SELECT s.*, c.client_ms, coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
 FROM {spans} s LEFT JOIN _client c USING (trace_id)
 WHERE s.stage IS NULL AND s.stage_invalid IS NULL
-  AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1)))
+  AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1))
+       OR EXISTS (SELECT 1 FROM _eng e WHERE e.trace_id = s.trace_id AND e.span_id = s.span_id))
   AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
         # server spans whose parent is another (non load-generator) span of the trace: downstream calls
         f"""CREATE OR REPLACE TEMP TABLE _inner AS
 SELECT c.trace_id, c.span_id, c.parent_span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
 WHERE c.kind = {KIND_SERVER} AND c.parent_span_id <> '' AND NOT c.parent_is_client""",
+        """CREATE OR REPLACE TEMP TABLE _req0 AS
+SELECT * FROM _cand s WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
+        *engine_hosts_sql(spans, "_req0"),
         f"""CREATE OR REPLACE {kind} requests AS
-SELECT s.trace_id, s.span_id, s.service, s.name, coalesce(s.route, s.name) AS route, s.model,
+SELECT s.trace_id, s.span_id, s.service, s.name,
+  -- SGLang's root span name carries the request id ("[role] Req <rid>"): its route is the name without it
+  coalesce(s.route, CASE WHEN e.span_id = s.span_id AND e.source = '{names.SOURCE_SGLANG}'
+                         THEN trim(regexp_replace(s.name, 'Req \\S+$', 'Req')) END, s.name) AS route,
+  coalesce(s.model, e.model) AS model,
   CAST(s.http_status AS INTEGER) AS status_code,
   (coalesce(s.http_status, 0) >= 500 OR s.otel_status = 2) AS is_error,
   s.start_ns AS start_unix_ns,
-  CASE WHEN {is_vllm} AND s.e2e_s IS NOT NULL THEN s.e2e_s * 1e3 ELSE (s.end_ns - s.start_ns) / 1e6 END
+  CASE WHEN e.span_id = s.span_id AND e.e2e_s IS NOT NULL THEN e.e2e_s * 1e3 ELSE (s.end_ns - s.start_ns) / 1e6 END
     AS duration_ms,
-  s.ttft_s * 1e3 AS ttft_ms,
-  coalesce(s.itl_mean_s * 1e3, CASE WHEN {is_vllm} AND s.output_tokens > 1
-    THEN s.decode_s * 1e3 / (s.output_tokens - 1) END) AS itl_mean_ms,
+  -- an engine's TTFT, from its host's start where the engine span sits under (or beside) another span
+  CASE WHEN e.ttft_s IS NOT NULL THEN greatest(e.start_ns - s.start_ns, 0) / 1e6 + e.ttft_s * 1e3
+       ELSE s.ttft_s * 1e3 END AS ttft_ms,
+  coalesce(s.itl_mean_s * 1e3, CASE WHEN e.output_tokens > 1 THEN e.decode_s * 1e3 / (e.output_tokens - 1) END)
+    AS itl_mean_ms,
   s.itl_p99_s * 1e3 AS itl_p99_ms, s.itl_max_s * 1e3 AS itl_max_ms,
-  s.input_tokens, s.output_tokens, s.batch_size, s.queue_depth, s.input_hash, s.cold_start,
+  coalesce(s.input_tokens, e.input_tokens) AS input_tokens, coalesce(s.output_tokens, e.output_tokens) AS output_tokens,
+  s.batch_size, s.queue_depth, s.input_hash, s.cold_start,
   s.client_ms AS client_duration_ms,
-  CASE WHEN {is_vllm} THEN 'vllm'
+  CASE WHEN e.span_id IS NOT NULL THEN e.source
        WHEN s.trace_id IN (SELECT trace_id FROM _staged) OR s.batch_size IS NOT NULL
          OR s.input_hash IS NOT NULL OR s.queue_depth IS NOT NULL OR s.itl_mean_s IS NOT NULL
          OR s.model IS NOT NULL AND s.cold_start IS NOT NULL THEN 'stagescope'
        ELSE 'generic' END AS source,
-  s.sampled_reason, {sampling_p_sql("s.trace_state", "s.sampled_reason")} AS sampling_p,
+  coalesce(s.sampled_reason, e.sampled_reason) AS sampled_reason,
+  coalesce({sampling_p_sql("s.trace_state", "s.sampled_reason")},
+           {sampling_p_sql("e.trace_state", "e.sampled_reason")}) AS sampling_p,
   {request_keys_sql("s.")}
-FROM _cand s
-WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id = s.trace_id AND i.span_id = s.span_id)""",
+FROM _req0 s
+LEFT JOIN _eng_primary p ON p.trace_id = s.trace_id AND p.host_id = s.span_id
+LEFT JOIN _eng e ON e.trace_id = p.trace_id AND e.span_id = p.eng_id
+-- an engine span that belongs to another request is that request's sample, not one of its own
+WHERE NOT EXISTS (SELECT 1 FROM _eng_host h WHERE h.trace_id = s.trace_id AND h.eng_id = s.span_id
+                  AND h.host_id <> s.span_id)""",
         f"""CREATE OR REPLACE {kind} stages AS
 SELECT s.trace_id, s.stage, s.start_ns AS start_unix_ns, s.end_ns AS end_unix_ns,
        (s.end_ns - s.start_ns) / 1e6 AS duration_ms, {key_sql("s.trace_id")} AS trace_key,
-       coalesce(r.request_key, ri.request_key) AS request_key, {kind_sql("s.stage", "s.stage_kind")} AS kind
+       coalesce(r.request_key, ri.request_key,
+                CASE WHEN eh.host_id IS NOT NULL THEN {key_sql("s.trace_id", "eh.host_id")} END) AS request_key,
+       {kind_sql("s.stage", "s.stage_kind")} AS kind
 FROM {spans} s LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.parent_span_id
   LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.parent_span_id
   LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
+  -- a stage span under an engine span that has a host (the engine's span is not the request)
+  LEFT JOIN _eng_host eh ON eh.trace_id = s.trace_id AND eh.eng_id = s.parent_span_id
 WHERE s.stage IS NOT NULL
 UNION ALL
-SELECT trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("trace_id")}, request_key, x.kind
-FROM (
-  SELECT s.trace_id, coalesce(r.request_key, ri.request_key) AS request_key, unnest([
-    {{'stage': '{names.STAGE_QUEUE}', 'kind': '{names.KIND_QUEUE}', 'st': s.start_ns, 'en': s.start_ns + CAST(q * 1e9 AS BIGINT)}},
-    {{'stage': '{names.STAGE_PREFILL}', 'kind': '{names.KIND_PREFILL}', 'st': s.start_ns + CAST(q * 1e9 AS BIGINT),
-      'en': s.start_ns + CAST((q + p) * 1e9 AS BIGINT)}},
-    {{'stage': '{names.STAGE_DECODE}', 'kind': '{names.KIND_DECODE}', 'st': s.start_ns + CAST((q + p) * 1e9 AS BIGINT),
-      'en': s.start_ns + CAST((q + p + d) * 1e9 AS BIGINT)}}
-  ]) AS x
-  FROM (SELECT *, coalesce(queue_s, 0) AS q, coalesce(prefill_s, 0) AS p, coalesce(decode_s, 0) AS d
-        FROM {spans} s WHERE (queue_s IS NOT NULL OR prefill_s IS NOT NULL OR decode_s IS NOT NULL)
-          AND stage IS NULL) s
-  LEFT JOIN requests r ON r.trace_id = s.trace_id AND r.span_id = s.span_id
-  LEFT JOIN _inner i ON i.trace_id = s.trace_id AND i.span_id = s.span_id
-  LEFT JOIN requests ri ON ri.trace_id = i.trace_id AND ri.span_id = i.parent_span_id
-)
+SELECT x.trace_id, x.stage, x.st, x.en, (x.en - x.st) / 1e6, {key_sql("x.trace_id")}, {key_sql("x.trace_id", "x.host_id")},
+       {kind_sql("x.stage")}
+FROM ({engine_stage_rows_sql(spans, "_staged")}) x
 UNION ALL
 SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
        c.client_start + CAST((r.client_duration_ms - r.duration_ms) * 1e6 AS BIGINT),

@@ -2,10 +2,11 @@
 
 What is queried (names from :mod:`stagescope.names`): queue depth and in-flight gauges (stagescope,
 vLLM waiting/running, Triton pending), accelerator utilization (dcgm-exporter, Triton), vLLM KV-cache
-usage, the mean executed batch size (``rate(_sum)/rate(_count)`` of ``stagescope_batch_size``, stored
+usage (and the engines' other evidence: preemptions, prefix-cache and speculative-decoding counters,
+SGLang's gauges), the mean executed batch size (``rate(_sum)/rate(_count)`` of ``stagescope_batch_size``, stored
 as ``stagescope_batch_size:mean``), and the raw cumulative counters the per-request breakdown helpers
 of :mod:`~stagescope.analysis.ingest.counters` turn into rates (Triton queue/compute microseconds and
-request counts, vLLM stage-histogram ``_sum``/``_count``). Each series becomes rows with its labels
+request counts, vLLM's and SGLang's stage-histogram ``_sum``/``_count``). Each series becomes rows with its labels
 (``__name__`` dropped), ``ts_ms`` in Unix milliseconds and ``source`` the Prometheus URL.
 
 Window: ``window`` (Unix ns) if given, else the span of the ingested requests, else the last hour.
@@ -46,9 +47,39 @@ RAW_METRICS: tuple[str, ...] = (
     N.TRITON_COMPUTE_OUTPUT_US,
     *(
         f"{h}_{part}"
-        for h in (N.VLLM_QUEUE_TIME, N.VLLM_PREFILL_TIME, N.VLLM_DECODE_TIME)
+        for h in (
+            N.VLLM_QUEUE_TIME,
+            N.VLLM_PREFILL_TIME,
+            N.VLLM_DECODE_TIME,
+            N.VLLM_INFERENCE_TIME,
+            N.VLLM_TTFT,
+            N.VLLM_E2E,
+            N.VLLM_ITERATION_TOKENS,
+            N.SGLANG_PER_STAGE_LATENCY,
+            N.SGLANG_QUEUE_TIME,
+            N.SGLANG_TTFT,
+            N.SGLANG_E2E,
+        )
         for part in ("sum", "count")
     ),
+    # the engines' evidence (analysis/ingest/engine_metrics.py): counters and gauges per series
+    N.VLLM_GPU_CACHE_USAGE,
+    N.VLLM_NUM_PREEMPTIONS,
+    N.VLLM_PREFIX_CACHE_QUERIES,
+    N.VLLM_PREFIX_CACHE_HITS,
+    N.VLLM_GPU_PREFIX_CACHE_QUERIES,
+    N.VLLM_GPU_PREFIX_CACHE_HITS,
+    N.VLLM_SPEC_DRAFT_TOKENS,
+    N.VLLM_SPEC_ACCEPTED_TOKENS,
+    N.VLLM_CACHE_CONFIG_INFO,
+    N.SGLANG_NUM_QUEUE_REQS,
+    N.SGLANG_NUM_RUNNING_REQS,
+    N.SGLANG_TOKEN_USAGE,
+    N.SGLANG_CACHE_HIT_RATE,
+    N.SGLANG_RETRACTED,
+    N.SGLANG_SPEC_ACCEPT_RATE,
+    N.SGLANG_PROMPT_TOKENS,
+    N.SGLANG_CACHED_TOKENS,
 )
 BATCH_SIZE_MEAN = f"{N.METRIC_BATCH_SIZE}:mean"
 
