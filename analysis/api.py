@@ -300,7 +300,6 @@ def _analyze_one(
         "tail_requests": _r(attr.facts.get("tail_w")), "baseline_requests": _r(attr.facts.get("base_w")),
         "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
     }  # fmt: skip
-    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
         report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
     if breached:
@@ -310,6 +309,8 @@ def _analyze_one(
         if left is not None:
             report["plan_left"] = left
         warns += _unstaged(con, view, attr, report["verdict"])
+    # after the levers: their predictions add the settings they are for (reduce-batch-tokens: running_cap)
+    report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     CX.annotate(con, report, view, attr, ev)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])

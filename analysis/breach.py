@@ -37,6 +37,7 @@ from typing import Any
 import duckdb
 
 from stagescope.analysis.interval_sql import quantile_estimates, window_intervals
+from stagescope.analysis.keys import has_columns
 from stagescope.analysis.weighting import (
     mean_sql,
     sampling_kind_sql,
@@ -210,9 +211,13 @@ def sli_view(
             "USING (trace_id)"
         ).fetchone()
         if n_gaps is not None and n_gaps[0] > 0:
+            running = "g.running" if has_columns(con, "token_gaps", "running") else "NULL"
             con.execute(
                 f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT g.trace_id, r.start_unix_ns, "
-                f"CAST(g.gap_ms AS DOUBLE) AS value_ms, {extra} FROM token_gaps g JOIN requests r USING (trace_id) "
+                # a gap's own running batch where the server counted it, else its stream's mean
+                f"CAST(g.gap_ms AS DOUBLE) AS value_ms, "
+                f"{extra.replace('CAST(batch_size AS DOUBLE)', f'CAST(coalesce({running}, r.batch_size) AS DOUBLE)')} "
+                f"FROM token_gaps g JOIN requests r USING (trace_id) "
                 f"WHERE {flt} AND g.gap_ms IS NOT NULL"
             )
         else:

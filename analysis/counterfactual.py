@@ -16,7 +16,10 @@ Model (stated, with its limits):
   - ``scale-out``: executors doubled; each request's queue time is replaced by the wait of a G/G/2c
     queue (Allen-Cunneen, :mod:`~stagescope.analysis.queueing`) with the measured arrival rate, the
     arrivals' variability at the scale of one service time (index of dispersion of counts) and the
-    executor time per request (busy time of distinct compute spans / requests);
+    executor time per request (busy time of distinct compute spans / requests; for token streams
+    without compute spans, an LLM engine's slots: each stream's prefill start to decode end, ``c`` the
+    most streams in service at once). It assumes the added executors are as fast as the measured
+    ones (a second engine on a core of its own);
   - ``offload-preprocessing``: the stage's p5 is its CPU cost; the waiting inside the stage is replaced
     by the wait for a worker of a G/G/k pool (Erlang C with an exponential tail), k the smallest pool
     whose predicted quantile meets the SLO (the cheapest fix; else the smallest with fewer than
@@ -36,10 +39,12 @@ Model (stated, with its limits):
   - ``cache-results``: requests whose input hash was already seen (every repeat after the first)
     skip batch wait, queue and compute; the others are unchanged;
   - ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
-    time (gap = a + b * running, ``running`` = the stream's mean running batch) reaches half the
-    threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
-    scatter around the fit among the streams with the smallest running batch (interference from
-    prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+    time (gap = a + b * running, fitted to the median gap at each running batch size; ``running`` =
+    the gap's own running batch where the server counted it, else its stream's mean) reaches half
+    the threshold; the predicted quantile is the fitted step at the cap plus the quantile of the
+    gaps' scatter around the fit among the gaps that already ran at the cap or below (interference
+    from prefills joining a step, stalls, which the cap does not remove); the cap is
+    ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
   - ``reduce-batch-tokens`` (per-request SLIs): the stage's time fitted on the batch size, the cap
     halved from the largest batch; requests over it lose the fitted time beyond it;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
@@ -167,49 +172,76 @@ def _rho(ev: dict[str, Any]) -> float:
     return 0.5
 
 
+def _served_condition(attr: Attribution) -> tuple[str, bool] | None:
+    """``(condition on stages s, per_batch)`` selecting the executor's work: the stages of kind compute
+    (a batch is one interval however many requests it carries); for token streams without them (an
+    LLM engine) the stages of kind prefill and decode, one interval per request: its time holding a
+    slot, first prefill start to last decode end. None when the breakdown has neither."""
+    compute = attr.of_kind(N.KIND_COMPUTE)
+    if compute:
+        return "s.stage IN (" + ", ".join(sql_str(x) for x in compute) + ")", True
+    stream = attr.of_kind(N.KIND_PREFILL) + attr.of_kind(N.KIND_DECODE)
+    if stream:
+        return "s.stage IN (" + ", ".join(sql_str(x) for x in stream) + ")", False
+    return None
+
+
 def executor_model(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution
 ) -> dict[str, float] | None:
-    """The executor as a queue: current executors (most batches computing at once), service time per
-    request (busy ms / requests), per-batch service-time variability, arrival rate and variability."""
-    compute_stages = attr.of_kind(N.KIND_COMPUTE)
-    if not compute_stages:
+    """The executor as a queue: current executors (most service intervals at once: batches computing,
+    or streams holding an engine slot), service time per request (busy ms / requests), service-time
+    variability, arrival rate and variability."""
+    served = _served_condition(attr)
+    if served is None:
         return None
-    computing = "s.stage IN (" + ", ".join(sql_str(x) for x in compute_stages) + ")"
+    cond, per_batch = served
     # every one of the SLO's requests, not the breakdown's (on large inputs a sample, which would see
     # few of each batch's members and overstate the executor time per request)
     ref = trace_ref(con)
     reqs = f"(SELECT {ref} FROM requests WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL)"
+    intervals = (
+        f"SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s SEMI JOIN {reqs} r USING ({ref}) "
+        f"WHERE {cond}"
+        if per_batch
+        else f"SELECT min(s.start_unix_ns) AS a, max(s.end_unix_ns) AS e FROM stages s SEMI JOIN {reqs} r "
+        f"USING ({ref}) WHERE {cond} GROUP BY s.{ref}"
+    )
     row = con.execute(
-        f"""WITH b AS (SELECT DISTINCT s.start_unix_ns AS a, s.end_unix_ns AS e FROM stages s
-                       SEMI JOIN {reqs} r USING ({ref}) WHERE {computing}),
+        f"""WITH b AS ({intervals}),
              ev AS (SELECT a AS t, 1 AS d FROM b UNION ALL SELECT e, -1 FROM b),
              conc AS (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS k FROM ev)
         SELECT (SELECT sum(e - a) / 1e6 FROM b), (SELECT avg(e - a) FROM b), (SELECT var_pop(e - a) FROM b),
                (SELECT max(k) FROM conc), (SELECT count(*) FROM {reqs} WHERE {ref} IN
-                                           (SELECT {ref} FROM stages s WHERE {computing}))"""
+                                           (SELECT {ref} FROM stages s WHERE {cond}))"""
     ).fetchone()
     if row is None or not row[0] or not row[4]:
         return None
-    busy_ms, mean_b, var_b, conc, served = row
+    busy_ms, mean_b, var_b, conc, n_served = row
     if attr.weighted and attr.weight is not None:
         # sampled traces: the kept requests' batches are not the executor's batches; per request, its
-        # batch's time over the batch size is its share of the executor (counted 1 / p times)
-        w, comp = attr.weight, _kind_col(attr, N.KIND_COMPUTE)
+        # batch's time over the batch size is its share of the executor (a stream: its own time holding
+        # a slot, prefill and decode), counted 1 / p times
+        w = attr.weight
+        if per_batch:
+            held = str(_kind_col(attr, N.KIND_COMPUTE))
+            share = f"{held} / greatest(coalesce(batch_size, 1), 1)"
+        else:
+            cols = [c for c in (_kind_col(attr, k) for k in (N.KIND_PREFILL, N.KIND_DECODE)) if c]
+            held = share = "(" + " + ".join(f"coalesce({c}, 0)" for c in cols) + ")"
         got = con.execute(
-            f"""SELECT sum({w} * {comp} / greatest(coalesce(batch_size, 1), 1)) / sum({w}),
-                       sum({w} * {comp}) / sum({w}), sum({w} * {comp} * {comp}) / sum({w})
-                FROM {BREAKDOWN} WHERE {comp} > 0"""
+            f"""SELECT sum({w} * {share}) / sum({w}), sum({w} * {held}) / sum({w}), sum({w} * {held} * {held}) / sum({w})
+                FROM {BREAKDOWN} WHERE {held} > 0"""
         ).fetchone()
         if got is None or not got[0]:
             return None
         per_req, m1, m2 = (float(v) for v in got)
-        busy_ms, served = per_req, 1.0
-        mean_b, var_b = m1 * 1e6, max(0.0, m2 - m1 * m1) * 1e12  # ns, as the batch rows above
-    arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(served))
+        busy_ms, n_served = per_req, 1.0
+        mean_b, var_b = m1 * 1e6, max(0.0, m2 - m1 * m1) * 1e12  # ns, as the interval rows above
+    arr = Q.arrivals(con, view.arrivals, scale_ms=float(busy_ms) / float(n_served))
     return {
         "executors": float(max(1, int(conc or 1))),
-        "service_ms": float(busy_ms) / float(served),
+        "service_ms": float(busy_ms) / float(n_served),
         "cs2": float(var_b) / float(mean_b) ** 2 if mean_b else 1.0,
         "lam_per_s": arr.rate_per_s,
         "ca2": arr.ca2,

@@ -1,10 +1,12 @@
 """The LLM levers' effect models: inter-token gaps (decode) and time to first token (prefill).
 
 * ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
-  time (gap = a + b * running, ``running`` = the stream's mean running batch) reaches half the
-  threshold; the predicted quantile is the fitted step at the cap plus the quantile of the gaps'
-  scatter around the fit among the streams with the smallest running batch (interference from
-  prefills joining a step, which the cap does not remove); ``speculative-decoding``: gaps halved;
+  time (gap = a + b * running, fitted to the median gap at each running batch size,
+  attribution.step_fit; ``running`` = the gap's own running batch where the server counted it, else
+  its stream's mean) reaches half the threshold; the predicted quantile is the fitted step at the cap
+  plus the quantile of the gaps' scatter around the fit among the gaps that already ran at the cap or
+  below (interference from prefills joining a step, stalls, which the cap does not remove); the cap
+  is ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
 * ``reduce-batch-tokens`` (TTFT, end to end: a stage whose time grows with the batch a request ran
   in): the stage's time is fitted on the request's batch size (``batch_size``: tokens or sequences,
   as the engine counts its batch budget); the batch cap is halved from the largest batch seen (one
@@ -42,37 +44,42 @@ def gap_prediction(
 ) -> tuple[float | None, str]:
     q = view.slo.quantile
     w = view.weight
-    src = (
-        f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
-        "USING (trace_id)"
-    )
+    # each gap's running decode batch: its own where the server counted it, else its stream's mean
+    # (the view's batch_size, see breach.sli_view)
+    src = f"(SELECT *, batch_size AS running FROM {view.name})"
     if lever == N.LEVER_SPECULATIVE_DECODING:
         return _q(
             con, view.name, "value_ms * 0.5", q, weight=w
         ), "decode gaps halved (speculative decoding, typical 2x)"
-    if w is None:
-        row = con.execute(
-            f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running), count(running) FROM {src}"
-        ).fetchone()
-    else:
-        slope_w = weighted_slope(con, src, "value_ms", "running", w)
-        got = con.execute(
-            f"""SELECT sum(w * value_ms) / sum(w), sum(w * running) / sum(w), count(running)
-                FROM {src} WHERE running IS NOT NULL AND value_ms IS NOT NULL"""
-        ).fetchone()
-        row = (
-            None
-            if got is None or slope_w is None or got[0] is None
-            else (slope_w, float(got[0]) - slope_w * float(got[1]), got[2])
-        )
-    if row is not None and row[0] is not None and row[0] > 0 and row[2] > 0:
-        slope, icpt = float(row[0]), float(row[1])
+    # the step fit of the evidence (median gap per running batch size, attribution.step_fit), else a
+    # least-squares fit over every gap
+    slope_v, icpt_v = ev.get("batch_slope_ms"), ev.get("batch_intercept_ms")
+    if slope_v is None or icpt_v is None:
+        if w is None:
+            row = con.execute(f"SELECT regr_slope(value_ms, running), regr_intercept(value_ms, running) FROM {src}").fetchone()
+            slope_v, icpt_v = (None, None) if row is None else row
+        else:
+            slope_v = weighted_slope(con, src, "value_ms", "running", w)
+            got = con.execute(
+                f"""SELECT sum(w * value_ms) / sum(w), sum(w * running) / sum(w)
+                    FROM {src} WHERE running IS NOT NULL AND value_ms IS NOT NULL"""
+            ).fetchone()
+            icpt_v = None if got is None or slope_v is None or got[0] is None else float(got[0]) - slope_v * float(got[1])
+    if slope_v is not None and icpt_v is not None and float(slope_v) > 0:
+        slope, icpt = float(slope_v), float(icpt_v)
         cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
-        # scatter around the fit where the running batch varies least (its lowest decile): the
-        # interference (prefills joining a step) that remains once the batch is pinned at the cap
-        low = f"(SELECT * FROM {src} WHERE running <= (SELECT quantile_cont(running, 0.1) FROM {src}))"
-        # the scatter's quantile carries the prediction's interval (the fit held fixed)
-        res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
+        ev["running_cap"] = int(cap)  # the setting this prediction is for (the demo's lever check applies it)
+        # scatter around the fit among the gaps that already ran at a batch no larger than the cap (else
+        # the lowest decile of running batches): the interference (another stream's prompt in the step,
+        # a stall) that remains once the batch is pinned at the cap; its quantile carries the
+        # prediction's interval (the fit held fixed)
+        res = None
+        for cond in (f"running <= {cap!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
+            low = f"(SELECT * FROM {src} WHERE {cond})"
+            n = con.execute(f"SELECT count(*) FROM {low}").fetchone()
+            res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
+            if n is not None and n[0] and n[0] >= 1.0 / max(1e-9, 1.0 - q):
+                break
         scatter = max(0.0, float(res)) if res is not None else 0.0
         before = _q(con, view.name, "value_ms", q, weight=w)
         step = icpt + slope * cap
@@ -86,7 +93,7 @@ def gap_prediction(
                        res.samples if res is not None else 0.0),
             f"running decode batch capped at {cap:.0f} streams, where the fitted step "
             f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
-            f"{scatter:.1f} ms scatter of gaps around the fit where the running batch is smallest",
+            f"{scatter:.1f} ms scatter of the gaps that already ran at {cap:.0f} streams or fewer",
         )
     base = _q(con, view.name, "value_ms", 0.5, weight=w)
     if base is None:

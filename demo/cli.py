@@ -6,6 +6,7 @@
     stagescope demo --scenario saturated --apply-lever
     stagescope demo --all --duration 12               # every scenario, found vs true cause
     stagescope demo --engine onnx --scenario slow-compute --apply-lever   # a real model, real INT8
+    stagescope demo --engine llama-cpp --all --apply-lever                # llama.cpp's real LLM server
 
 Progress goes to stderr, the verdict and tables to stdout. Exit status 0 after a verdict, 3 when the
 run's analysis had no samples (no data is never a verdict: the printout says why), 2 for bad input.
@@ -36,18 +37,22 @@ def register(subparsers: Any) -> None:
         help="run the reference service in a fault scenario under a real trace, and print the verdict",
         description=(
             "Start the reference inference service in a fault scenario on an engine (the SIMULATED "
-            "accelerator by default, or a real model on ONNX Runtime), replay a real Azure LLM arrival trace "
+            "accelerator by default, a real model on ONNX Runtime, or llama.cpp's llama-server serving a "
+            "RANDOM-WEIGHT llama), replay a real Azure LLM arrival trace "
             "against it, record spans, metrics and load results to local files, analyse them and print the "
             "verdict. No Docker needed."
         ),
     )
     p.add_argument("--engine", choices=_engine_names(), default="simulated",
                    help="what runs the model: simulated (default; SIMULATED accelerator, fast) or onnx (a real "
-                        "digits classifier on ONNX Runtime with real INT8; needs the onnx extra); each engine has "
-                        "its own scenarios (`stagescope serve --backend onnx --list-scenarios`)")
+                        "digits classifier on ONNX Runtime with real INT8; needs the onnx extra) or llama-cpp "
+                        "(llama.cpp's llama-server built here from source, serving a RANDOM-WEIGHT llama: real "
+                        "compute, meaningless text; needs the llama-cpp extra, cmake and a C++ compiler; the first "
+                        "run builds it, minutes); each engine has its own scenarios")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--scenario", default=None,
-                       help=f"scenario to run (default {DEFAULT_SCENARIO}, slow-compute on onnx; "
+                       help=f"scenario to run (default {DEFAULT_SCENARIO}, slow-compute on onnx, llama-long-prompts "
+                            "on llama-cpp; "
                             "`stagescope serve --list-scenarios`)")
     which.add_argument("--all", action="store_true", help="run every scenario and compare found vs true cause")
     p.add_argument("--duration", type=V.number(2.0, 3600.0), default=None, metavar="S",

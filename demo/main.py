@@ -125,6 +125,7 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
     v = report.get("verdict") or {}
     q_after = after.report.get("quantile_ms")
     no_data = status(after.report) == STATUS_NO_DATA or q_after is None
+    predicted = _predicted(report)
     return {
         "scenario": before.scenario,
         "engine": before.engine,
@@ -132,8 +133,10 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         "slo_ms": report["slo"]["threshold_ms"],
         "slo": report["slo"]["spec"],
         "p99_before_ms": report.get("quantile_ms"),
-        "predicted_p99_ms": _predicted(report),
+        "predicted_p99_ms": predicted,
         "p99_after_ms": q_after,
+        # measured after / predicted - 1: how far the lever's effect model was from the engine
+        "prediction_error": None if no_data or q_after is None or not predicted else round(q_after / predicted - 1, 4),
         "status_after": status(after.report),
         "within_slo_after": None if no_data else q_after <= report["slo"]["threshold_ms"],
         "no_data_reason_after": after.report.get("no_data_reason") if no_data else None,
@@ -154,6 +157,32 @@ def _after_words(check: dict[str, Any]) -> str:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.2f}%"
+
+
+#: A lever check's measured quantile within this share of the predicted one keeps the prediction.
+PREDICTION_TOLERANCE = 0.25
+
+
+def _error_words(check: dict[str, Any]) -> str:
+    err = check.get("prediction_error")
+    if err is None:
+        return ""
+    kept = "within" if abs(err) <= PREDICTION_TOLERANCE else "NOT within"
+    return f"; measured {err:+.0%} from the prediction, {kept} {PREDICTION_TOLERANCE:.0%}"
+
+
+def _lever_run_settings(engine: str, sc: Any, lever: str | None, report: dict[str, Any], sized: dict[str, Any]
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(overrides for the lever run, the lever's settings as applied)``: the engine's sizing plus any
+    value the analysis chose for the lever (llama-cpp: its running-batch cap as ``parallel``)."""
+    chosen = get_engine(engine).lever_settings(lever, report)
+    if chosen:
+        err_console.print(f"  the lever check applies the analysis' setting: {chosen}")
+    return {**sized, **chosen}, {**dict(sc.lever_overrides), **chosen}
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
 
 
 def run_one(
@@ -182,14 +211,16 @@ def run_one(
         raise UserError(
             f"the recommended lever {verdict['lever']!r} is not the one scenario {name!r} can apply ({sc.lever!r})"
         )
+    lever_overrides, applied = _lever_run_settings(engine, sc, verdict["lever"], before.report, sized)
     after = _run(name, out / "lever", duration_s=duration_s, apply_lever=True, port=port, label="lever check",
-                 engine=engine, overrides=sized)  # fmt: skip
-    check = lever_check(before, after)
+                 engine=engine, overrides=lever_overrides)  # fmt: skip
+    check = {**lever_check(before, after), "lever_settings": applied}
     (out / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
     q = "p" + f"{before.report['slo']['objective'] * 100:g}"
     out_console.print(
         f"Lever check ({check['lever']}): {q} before {_ms(check['p99_before_ms'])}, predicted "
-        f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} ({_after_words(check)})"
+        f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} ({_after_words(check)}"
+        f"{_error_words(check)})"
     )
     if check["accuracy_before"] is not None or check["accuracy_after"] is not None:
         budget = check["quality_budget_points"]
@@ -213,7 +244,8 @@ def run_all(
     _prepare(engine)
     table = Table(title=f"stagescope demo --all ({engine} engine): found vs true cause")
     for col in ("scenario", "true stage", "true lever", "found stage", "found lever", "SLO", "measured",
-                "predicted after lever", *(["measured after lever"] if apply_lever else []), "ok"):  # fmt: skip
+                "predicted after lever", *(["measured after lever", "after vs predicted"] if apply_lever else []),
+                "ok"):  # fmt: skip
         table.add_column(col)
     rows: list[dict[str, Any]] = []
     mismatches = 0
@@ -230,11 +262,13 @@ def run_all(
             "predicted_ms": _predicted(res.report), "ok": ok,
         }  # fmt: skip
         if apply_lever and sc.lever is not None and ok:
+            lever_overrides, applied = _lever_run_settings(engine, sc, found_lever, res.report, sized)
             after = _run(name, out / name / "lever", duration_s=duration_s, apply_lever=True, port=port,
-                         label=f"{name} lever", engine=engine, overrides=sized)  # fmt: skip
-            check = lever_check(res, after)
+                         label=f"{name} lever", engine=engine, overrides=lever_overrides)  # fmt: skip
+            check = {**lever_check(res, after), "lever_settings": applied}
             (out / name / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
             row["after_ms"] = check["p99_after_ms"]
+            row["prediction_error"] = check["prediction_error"]
             ok = ok and bool(check["within_slo_after"])
             row["ok"] = ok
         mismatches += not ok
@@ -242,7 +276,8 @@ def run_all(
         table.add_row(
             name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", sc.slo_spec,
             _measured(res.report), _ms(row["predicted_ms"]),
-            *([_ms(row.get("after_ms"))] if apply_lever else []), "yes" if ok else "[red]NO[/red]",
+            *([_ms(row.get("after_ms")), _signed(row.get("prediction_error"))] if apply_lever else []),
+            "yes" if ok else "[red]NO[/red]",
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     out_console.print(table)

@@ -47,13 +47,15 @@ from stagescope.errors import UserError
 from stagescope.names import ENV_BASELINE_SAMPLE, ENV_SLOW_THRESHOLD_MS
 from stagescope.paths import ensure_writable_dir
 from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
-from stagescope.service.scenarios import GENERATE_ROUTE, Scenario
+from stagescope.service.scenarios import PREDICT_ROUTE, Scenario, Workload
 from stagescope.slo import SLO
 
 __all__ = [
     "ARRIVAL_TRACE",
     "RECORDINGS",
+    "WORKLOAD_PREFIX",
     "RunResult",
+    "apply_workload",
     "archive_previous",
     "check_port_free",
     "free_port",
@@ -69,6 +71,7 @@ READY_TIMEOUT_S = 120.0
 #: What one run records into its folder (an earlier run's are moved aside, see archive_previous).
 RECORDINGS = (
     "spans", "metrics", "results.parquet", "report.json", "report.html", "service.log", "lever", "lever_check.json",
+    "llama-server-0.log", "llama-server-1.log",  # the llama-cpp engine's servers
 )  # fmt: skip
 
 
@@ -138,7 +141,7 @@ def schedule_for(sc: Scenario, duration_s: float) -> Any:
         raise UserError(f"{ARRIVAL_TRACE}: {len(trace)} arrivals, fewer than the {k} this run needs")
     offsets = trace.offsets_s[:k] * (duration_s / float(trace.offsets_s[k]))
     prompt = output = None
-    if sc.route == GENERATE_ROUTE:
+    if sc.route != PREDICT_ROUTE:  # a generation route: the reference service's or an OpenAI API
         w = sc.workload
         prompt = np.array([w.prompt_tokens_of(i) for i in range(k)], dtype=np.int64)
         output = np.full(k, w.max_tokens, dtype=np.int64)
@@ -204,6 +207,7 @@ async def _drive(
 ) -> tuple[int, float | None, bool]:
     """Load the service while recording its metrics; Ctrl-C ends sending and keeps what was recorded."""
     from stagescope.loadgen import run_load
+    from stagescope.loadgen.openai_api import infer_api
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -215,13 +219,33 @@ async def _drive(
         run = await run_load(
             svc.url, schedule_for(sc, duration_s), route=sc.route, out=out / "results.parquet",
             spans_dir=out / "spans", progress=progress, stop=stop, repeat_share=sc.workload.repeat_share,
-            predict_dim=sc.workload.predict_dim, timeout_s=30.0, grace_s=10.0,
+            predict_dim=sc.workload.predict_dim, timeout_s=30.0, grace_s=10.0, api=infer_api(sc.route),
         )  # fmt: skip
     finally:
         await recorder.stop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
     return len(run.results), run.summary.latency_ms.get("p99"), stop.is_set()
+
+
+#: An override whose key starts so changes the scenario's load (a :class:`Workload` field: what the load
+#: generator sends), not a setting of the service; an engine's sizing uses it (llama-cpp: the long
+#: prompts' length).
+WORKLOAD_PREFIX = "workload."
+
+
+def apply_workload(sc: Scenario, overrides: dict[str, Any] | None) -> tuple[Scenario, dict[str, Any]]:
+    """``(the scenario with the workload overrides applied, the service's overrides)``; an unknown
+    workload field is a UserError."""
+    load = {k[len(WORKLOAD_PREFIX):]: v for k, v in (overrides or {}).items() if k.startswith(WORKLOAD_PREFIX)}
+    rest = {k: v for k, v in (overrides or {}).items() if not k.startswith(WORKLOAD_PREFIX)}
+    if not load:
+        return sc, rest
+    known = {f.name for f in dataclasses.fields(Workload)}
+    bad = sorted(set(load) - known)
+    if bad:
+        raise UserError(f"unknown workload setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    return dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, **load)), rest
 
 
 def analyse_run(out: Path, slo: SLO) -> dict[str, Any]:
@@ -253,7 +277,7 @@ def run_scenario(
     """Run scenario ``name`` of ``engine`` end to end into ``out`` (``overrides``: settings on top of the
     scenario's, such as the engine's sizing); see the module docstring."""
     eng = get_engine(engine)
-    sc = eng.get_scenario(name)
+    sc, overrides = apply_workload(eng.get_scenario(name), overrides)
     ensure_writable_dir(out, "the demo's output there")
     if port:
         check_port_free(port)

@@ -1,10 +1,11 @@
 """Engines the demo and ``stagescope serve`` can run, each with its own scenario table: ONE registry.
 
 An engine is what executes the model: the ``simulated`` accelerator (the default, fast, SIMULATED
-everywhere it appears) or a real one (``onnx``: ONNX Runtime on the CPU). Each engine brings the
+everywhere it appears) or a real one (``onnx``: ONNX Runtime on the CPU; ``llama-cpp``: llama.cpp's
+``llama-server`` behind the stagescope gateway, :mod:`stagescope.service.llama_cpp`). Each engine brings the
 scenarios it can reproduce, with settings sized for it, and says how the demo starts a service on
 it. Adding an engine is a new module with its :class:`Engine` and one line in :data:`ENGINES`
-(for example a ``llama-cpp`` engine whose :meth:`Engine.serve_command` starts an external server).
+(the ``llama-cpp`` engine's :attr:`Engine.command` starts external servers instead of ``stagescope serve``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from stagescope.errors import UserError
+from stagescope.service.llama_cpp import engine as llama_engine
 from stagescope.service.onnx_scenarios import ONNX_SCENARIOS
 from stagescope.service.scenarios import SCENARIOS, Scenario
 
@@ -35,6 +37,14 @@ def _onnx_missing() -> list[str]:
 
 def _nothing_to_prepare() -> str | None:
     return None
+
+
+def _no_lever_settings(lever: str | None, report: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _llama_lever_settings(lever: str | None, report: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(llama_engine.lever_settings(lever, report))
 
 
 def _no_sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
@@ -85,6 +95,12 @@ class Engine:
     #: settings that size a scenario to this machine, used for its run and its lever check alike,
     #: and a line saying what was measured (real engines: the hardware sets the cost of the work)
     sizing: Callable[[Scenario], tuple[dict[str, Any], str | None]] = _no_sizing
+    #: the command serving a scenario when it is not ``stagescope serve --backend`` (same keywords as
+    #: :meth:`serve_command`)
+    command: Callable[..., list[str]] | None = None
+    #: engine settings carrying a value the analysis chose for the lever it recommends (its report),
+    #: applied on top of the scenario's lever change in the lever check
+    lever_settings: Callable[[str | None, Mapping[str, Any]], dict[str, Any]] = _no_lever_settings
 
     def get_scenario(self, name: str) -> Scenario:
         """The scenario called ``name`` on this engine; an unknown one is a UserError listing them."""
@@ -107,6 +123,8 @@ class Engine:
         """The command the demo runs to serve scenario ``sc`` on ``port`` (stagescope's default sampling:
         each kept span says with what probability, and the analysis weights them back), with
         ``overrides`` (from :attr:`sizing`) as ``--set``."""
+        if self.command is not None:
+            return self.command(sc, port=port, spans_dir=spans_dir, apply_lever=apply_lever, overrides=overrides)
         cmd = [
             sys.executable, "-m", "stagescope.cli", "serve", "--backend", self.backend, "--scenario", sc.name,
             "--host", "127.0.0.1", "--port", str(port), "--spans-out", str(spans_dir),
@@ -125,6 +143,10 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
             Engine("onnx", "reference service, real digits model on ONNX Runtime (CPU)", ONNX_SCENARIOS,
                    "slow-compute", "onnx", _onnx_missing, "pip install 'stagescope[onnx]'", _onnx_prepare,
                    _onnx_sizing),
+            Engine(llama_engine.NAME, llama_engine.LABEL, llama_engine.SCENARIOS, llama_engine.DEFAULT_SCENARIO,
+                   llama_engine.NAME, llama_engine.missing, "pip install 'stagescope[llama-cpp]'",
+                   llama_engine.prepare, llama_engine.sizing, command=llama_engine.serve_command,
+                   lever_settings=_llama_lever_settings),
         )
     }
 )  # fmt: skip

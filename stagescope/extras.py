@@ -25,6 +25,7 @@ notebooks  analysis + jupytext, nbclient, nbformat, ipykernel    executing the i
 lab        notebooks + jupyterlab                                ``make lab``
 onnx       onnxruntime, onnx, scikit-learn, threadpoolctl,       ``demo --engine onnx``,
            numpy: the onnx engine's model, trained here          ``serve --backend onnx``
+llama-cpp  demo + gguf (writes the served random-weight GGUF)   ``demo --engine llama-cpp``
 all        every extra above                                     everything
 ========== ==================================================== ====================================
 
@@ -56,6 +57,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "notebooks": ("jupytext", "nbclient", "nbformat", "ipykernel"),
     "lab": ("jupyterlab",),
     "onnx": ("onnxruntime", "onnx", "scikit-learn", "threadpoolctl", "numpy"),
+    "llama-cpp": ("gguf", "numpy"),
     "all": (),
 }
 #: The extras an extra includes (``serve = ["stagescope[service]", ...]`` in ``pyproject.toml``).
@@ -64,8 +66,9 @@ INCLUDES: dict[str, tuple[str, ...]] = {
     "demo": ("serve", "loadgen", "analysis", "dashboards"),
     "notebooks": ("analysis",),
     "lab": ("notebooks",),
+    "llama-cpp": ("demo",),
     "all": ("service", "otel-fastapi", "serve", "redis", "loadgen", "analysis", "dashboards", "gpu", "demo",
-            "notebooks", "onnx"),
+            "notebooks", "onnx", "llama-cpp"),
 }  # fmt: skip
 #: Import names that differ from the distribution's name (``-`` -> ``_`` is applied to the rest).
 IMPORT_NAMES: dict[str, str] = {

@@ -412,6 +412,40 @@ SGLANG_PROMPT_TOKENS: Final = "sglang:prompt_tokens_total"
 SGLANG_CACHED_TOKENS: Final = "sglang:cached_tokens_total"  # prompt tokens served from the cache
 SGLANG_NUM_REQUESTS: Final = "sglang:num_requests_total"
 
+# llama.cpp's llama-server (``--metrics``; prefix ``llamacpp:``, no labels). Names as its
+# tools/server/server-task.cpp (server_task_result_metrics::to_metrics) writes them in the vendored
+# llama.cpp of llama-cpp-python 0.3.36. The stagescope gateway re-exports them with LABEL_REPLICA.
+LLAMACPP_PROMPT_TOKENS: Final = "llamacpp:prompt_tokens_total"  # counter: prompt tokens processed (not cached)
+LLAMACPP_PROMPT_TOKENS_CACHED: Final = "llamacpp:prompt_tokens_cached_total"  # counter
+LLAMACPP_PROMPT_SECONDS: Final = "llamacpp:prompt_seconds_total"  # counter: seconds processing prompts
+LLAMACPP_TOKENS_PREDICTED: Final = "llamacpp:tokens_predicted_total"  # counter: generated tokens
+LLAMACPP_TOKENS_PREDICTED_SECONDS: Final = "llamacpp:tokens_predicted_seconds_total"  # counter: seconds
+LLAMACPP_DECODE_CALLS: Final = "llamacpp:n_decode_total"  # counter: llama_decode() calls (engine steps)
+LLAMACPP_TOKENS_MAX: Final = "llamacpp:n_tokens_max"  # counter (as llama.cpp types it): longest sequence
+LLAMACPP_PROMPT_TPS: Final = "llamacpp:prompt_tokens_seconds"  # gauge: prompt tokens/s
+LLAMACPP_PREDICTED_TPS: Final = "llamacpp:predicted_tokens_seconds"  # gauge: generated tokens/s
+LLAMACPP_REQUESTS_PROCESSING: Final = "llamacpp:requests_processing"  # gauge: busy slots
+LLAMACPP_REQUESTS_DEFERRED: Final = "llamacpp:requests_deferred"  # gauge: requests waiting for a slot
+LLAMACPP_BUSY_SLOTS_PER_DECODE: Final = "llamacpp:n_busy_slots_per_decode"  # gauge: mean busy slots per step
+LLAMACPP_METRICS: Final[tuple[str, ...]] = (
+    LLAMACPP_PROMPT_TOKENS, LLAMACPP_PROMPT_TOKENS_CACHED, LLAMACPP_PROMPT_SECONDS, LLAMACPP_TOKENS_PREDICTED,
+    LLAMACPP_TOKENS_PREDICTED_SECONDS, LLAMACPP_DECODE_CALLS, LLAMACPP_TOKENS_MAX, LLAMACPP_PROMPT_TPS,
+    LLAMACPP_PREDICTED_TPS, LLAMACPP_REQUESTS_PROCESSING, LLAMACPP_REQUESTS_DEFERRED,
+    LLAMACPP_BUSY_SLOTS_PER_DECODE,
+)  # fmt: skip
+LABEL_REPLICA: Final = "replica"  # which llama-server behind the gateway ("0", "1", ...)
+# Per-response ``timings`` of llama-server (tools/server/server-common.cpp, server_slot_stats::to_json),
+# put on the gateway's server span. Milliseconds, as llama.cpp reports them.
+ATTR_LLAMACPP_PROMPT_N: Final = "llamacpp.timings.prompt_n"  # prompt tokens processed (not from cache)
+ATTR_LLAMACPP_PROMPT_MS: Final = "llamacpp.timings.prompt_ms"  # ms processing this prompt
+ATTR_LLAMACPP_CACHE_N: Final = "llamacpp.timings.cache_n"  # prompt tokens reused from the slot's cache
+ATTR_LLAMACPP_PREDICTED_N: Final = "llamacpp.timings.predicted_n"  # tokens generated
+ATTR_LLAMACPP_PREDICTED_MS: Final = "llamacpp.timings.predicted_ms"  # ms generating them
+# derived by the gateway: ms from handing the request to its slot to llama.cpp starting its prompt
+# (prefill stage minus prompt_ms): waiting for room in the engine's batch behind other prompts
+ATTR_LLAMACPP_PROMPT_WAIT_MS: Final = "llamacpp.prompt_wait_ms"
+ATTR_REPLICA: Final = "stagescope.replica"  # which engine replica served the request
+
 # Triton (labels ``model``, ``version``; cumulative microsecond counters).
 TRITON_REQUEST_SUCCESS: Final = "nv_inference_request_success"
 TRITON_REQUEST_FAILURE: Final = "nv_inference_request_failure"
@@ -520,6 +554,9 @@ ATTR_ITL_MEAN: Final = "stagescope.itl.mean"  # seconds, mean inter-token gap of
 ATTR_ITL_P99: Final = "stagescope.itl.p99"  # seconds
 ATTR_ITL_MAX: Final = "stagescope.itl.max"  # seconds
 ATTR_TOKEN_GAPS: Final = "stagescope.itl.gaps"  # list of every gap in seconds (capped length)
+# list, same order as ATTR_TOKEN_GAPS: streams decoding on the engine when each gap ended (the running
+# decode batch of the step that produced the token), where the server can count them
+ATTR_TOKEN_RUNNING: Final = "stagescope.itl.running"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_CLIENT: Final = "stagescope.client"  # bool, on the load generator's CLIENT spans
 

@@ -82,3 +82,81 @@ def test_ratio_follows_the_batch_size_nearest_each_requests_compute() -> None:
     assert got == [0.4, 0.4, 0.6, 0.5]  # the boundary between 1 and 100 rows is sqrt(1 x 50) ms
     assert QL.speed_curve(facts, N.LEVER_COMPILE_RUNTIME) == []
     assert L.quality({}, N.LEVER_QUANTIZE) is None
+
+
+def test_llama_engine_serves_through_its_gateway_and_passes_the_analysis_running_cap() -> None:
+    llama = get_engine("llama-cpp")
+    assert "RANDOM-WEIGHT" in llama.label and llama.default_scenario in llama.scenarios
+    sc = llama.scenarios["llama-many-slots"]
+    cmd = llama.serve_command(sc, port=7, spans_dir=Path("s"), apply_lever=True, overrides={"parallel": 3})
+    assert cmd[cmd.index("-m") + 1] == "stagescope.service.llama_cpp.serve" and "--backend" not in cmd
+    assert cmd[cmd.index("--set") + 1] == "parallel=3" and cmd[-1] == "--apply-lever"
+    report = {"evidence": {"running_cap": 5}}
+    assert llama.lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, report) == {"parallel": 5}
+    assert llama.lever_settings(N.LEVER_SCALE_OUT, report) == {}  # no value for another lever
+    assert llama.lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, {"evidence": {"running_cap": 0}}) == {}
+    assert get_engine("onnx").lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, report) == {}
+
+
+def test_lever_check_reports_the_measured_error_of_the_prediction(tmp_path: Path) -> None:
+    from stagescope.demo.main import lever_check
+    from stagescope.demo.runner import RunResult
+
+    def report(q: float, levers: list[dict[str, object]]) -> dict[str, object]:
+        return {"status": "breached", "breached": True, "quantile_ms": q,
+                "slo": {"threshold_ms": 40.0, "spec": "itl:p99<40ms", "objective": 0.99},
+                "verdict": {"stage": N.STAGE_DECODE, "lever": N.LEVER_REDUCE_BATCH_TOKENS} if levers else None,
+                "levers": levers}  # fmt: skip
+
+    before = RunResult("llama-many-slots", False, tmp_path, report(60.0, [
+        {"lever": N.LEVER_REDUCE_BATCH_TOKENS, "predicted_p99_ms": 30.0}]), 10, None, engine="llama-cpp")  # fmt: skip
+    after = RunResult("llama-many-slots", True, tmp_path, {**report(36.0, []), "status": "met"}, 10, None,
+                      engine="llama-cpp")  # fmt: skip
+    check = lever_check(before, after)
+    assert check["predicted_p99_ms"] == 30.0 and check["p99_after_ms"] == 36.0 and check["within_slo_after"]
+    assert check["prediction_error"] == pytest.approx(0.2)
+    no_data = RunResult("x", True, tmp_path, {**report(36.0, []), "status": N.STATUS_NO_DATA, "quantile_ms": None},
+                        0, None)  # fmt: skip
+    gone = lever_check(before, no_data)
+    assert gone["prediction_error"] is None and gone["within_slo_after"] is None
+
+
+def test_the_report_carries_the_running_cap_its_prediction_is_for() -> None:
+    """The reduce-batch-tokens prediction is for one running-batch cap: the report's evidence says which,
+    so the llama-cpp lever check applies that cap (not the scenario's own guess)."""
+    data = S.generate("llm-decode-heavy", 1200, seed=3)
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    rep = analyze(con, data.scenario.slo)
+    assert rep["verdict"]["lever"] == N.LEVER_REDUCE_BATCH_TOKENS
+    cap = rep["evidence"]["running_cap"]
+    assert isinstance(cap, int) and cap >= 1
+    lever = next(x for x in rep["levers"] if x["lever"] == N.LEVER_REDUCE_BATCH_TOKENS)
+    assert f"capped at {cap} streams" in lever["rationale"]
+    assert get_engine("llama-cpp").lever_settings(N.LEVER_REDUCE_BATCH_TOKENS, rep) == {"parallel": cap}
+
+
+def test_workload_overrides_change_the_load_not_the_service() -> None:
+    from stagescope.demo.runner import WORKLOAD_PREFIX, apply_workload
+
+    sc = get_engine("llama-cpp").scenarios["llama-long-prompts"]
+    sized, rest = apply_workload(sc, {f"{WORKLOAD_PREFIX}long_prompt_tokens": 3210, "parallel": 2})
+    assert sized.workload.long_prompt_tokens == 3210 and sc.workload.long_prompt_tokens == 1500
+    assert rest == {"parallel": 2} and sized.overrides == sc.overrides
+    assert apply_workload(sc, None) == (sc, {})
+    with pytest.raises(UserError, match="unknown workload setting"):
+        apply_workload(sc, {f"{WORKLOAD_PREFIX}nope": 1})
+    # scenarios without long prompts are not sized (no server is started for them)
+    assert get_engine("llama-cpp").sizing(get_engine("llama-cpp").scenarios["llama-many-slots"]) == ({}, None)
+
+
+def test_long_prompt_length_follows_the_measured_step_time() -> None:
+    from stagescope.service.llama_cpp.engine import tokens_for
+
+    # a step of a + b n^2 through both probes: 512 tokens in 128 ms, 2,048 in 1,024 ms
+    probes = [(512, 128.0), (2048, 1024.0)]
+    n = tokens_for(1500.0, probes)
+    b = (1024.0 / 2048 - 128.0 / 512) / (2048 - 512)
+    a = 128.0 / 512 - b * 512
+    assert abs(a * n + b * n * n - 1500.0) < 3.0 and 2048 < n < 1500 / 0.25
+    assert tokens_for(1000.0, [(512, 512.0), (2048, 1800.0)]) == int(1000.0 * 2048 / 1800.0)  # bends down: linear

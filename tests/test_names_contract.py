@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 SKIP_DIRS = {".venv", "venv", "external", "tests", "build", "dist", ".git", "node_modules", "data", "out"}
 ALLOWED = {REPO / "stagescope" / "names.py"}
 
-_PREFIXES = ("stagescope_", "gen_ai_server_", "DCGM_FI_", "vllm:", "nv_inference_", "nv_gpu_")
+_PREFIXES = ("stagescope_", "gen_ai_server_", "DCGM_FI_", "vllm:", "llamacpp:", "nv_inference_", "nv_gpu_")
 _KNOWN = sorted(
     {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith(_PREFIXES)},
     key=len,
@@ -30,7 +30,8 @@ _KNOWN = sorted(
 _SHAPED = re.compile(
     r"(?<![\w:])("
     r"stagescope_[a-z0-9_]*_(?:seconds|total|bytes|ratio|depth|requests|size|ready|up|info)"
-    r"|gen_ai_server_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+|vllm:[a-z0-9_]+|nv_inference_[a-z0-9_]+|nv_gpu_[a-z0-9_]+"
+    r"|gen_ai_server_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+|vllm:[a-z0-9_]+|llamacpp:[a-z0-9_]+|nv_inference_[a-z0-9_]+"
+    r"|nv_gpu_[a-z0-9_]+"
     r")"
 )
 _KNOWN_RE = re.compile(r"(?<![\w:])(" + "|".join(re.escape(n) for n in _KNOWN) + r")(?![A-Za-z0-9:])")

@@ -19,7 +19,8 @@
   at the client span's start; only its length is meaningful). A span whose ``stagescope.stage`` is
   there but not a non-empty string (``stage_invalid``) is neither a stage nor a request: its time is
   unattributed, and the ingest names its file in a warning.
-* ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms).
+* ``token_gaps``: one row per element of ``stagescope.itl.gaps`` (seconds -> ms), with ``running``, the
+  element of ``stagescope.itl.running`` beside it (the decode batch the gap's step carried; NULL without).
 
 ``requests`` and ``stages`` also carry ``trace_key`` and ``request_key``, and ``requests``
 ``input_key``: 64-bit integer keys of the trace id, the request (trace and span id of the request
@@ -194,5 +195,6 @@ SELECT r.trace_id, '{names.STAGE_NETWORK}', c.client_start,
 FROM requests r JOIN _client c USING (trace_id)
 WHERE r.client_duration_ms > r.duration_ms""",
         f"""CREATE OR REPLACE {kind} token_gaps AS
-SELECT trace_id, unnest(gaps_s) * 1e3 AS gap_ms FROM {spans} WHERE gaps_s IS NOT NULL AND stage IS NULL""",
+SELECT trace_id, unnest(gaps_s) * 1e3 AS gap_ms, unnest(coalesce(gap_running, [])) AS running
+FROM {spans} WHERE gaps_s IS NOT NULL AND stage IS NULL""",
     ]

@@ -63,6 +63,7 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "itl_p99_s": ("DOUBLE", (names.ATTR_ITL_P99,)),
     "itl_max_s": ("DOUBLE", (names.ATTR_ITL_MAX,)),
     "gaps_s": ("DOUBLE[]", (names.ATTR_TOKEN_GAPS,)),
+    "gap_running": ("DOUBLE[]", (names.ATTR_TOKEN_RUNNING,)),
 }
 
 #: Columns that hold their attribute only where it is a non-empty string (NULL for other values).
