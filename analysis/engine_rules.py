@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "batches_line", "kv_line", "kv_pressure", "long_outputs", "prefill_is_waiting", "queue_depth_line",
+    "batches_line", "kv_line", "kv_pressure", "long_outputs", "long_prompts_in_tail", "prefill_is_waiting", "queue_depth_line",
     "shared_prompts_uncached", "tokens_line",
 ]  # fmt: skip
 
@@ -96,6 +96,13 @@ def prefill_is_waiting(ev: Evidence) -> bool:
         and float(ib) > 0
         and float(it) <= LONG_PROMPT_RATIO * float(ib)
     )
+
+
+def long_prompts_in_tail(ev: Evidence) -> bool:
+    """The tail's prompts are much longer than the baseline's (LONG_PROMPT_RATIO): a slow prefill is
+    long prompts, or requests stuck behind them, which chunked prefill fixes, not a smaller batch."""
+    it, ib = ev.get("input_tokens_tail"), ev.get("input_tokens_baseline")
+    return it is not None and ib is not None and float(ib) > 0 and float(it) > LONG_PROMPT_RATIO * float(ib)
 
 
 def queue_depth_line(ev: Evidence) -> str:

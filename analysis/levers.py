@@ -292,7 +292,8 @@ RULES: tuple[Rule, ...] = (
         f"baseline's ({_n(ev.get('input_tokens_tail'), nd=0)} vs {_n(ev.get('input_tokens_baseline'), nd=0)} "
         f"tokens); {ER.queue_depth_line(ev)}: the requests waited, they did not prefill longer. Add replicas "
         "(scale out); SGLang's stage slices (--enable-trace, trace level 1 or more) would split the queue off.")),
-    Rule(N.KIND_PREFILL, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
+    Rule(N.KIND_PREFILL, N.LEVER_REDUCE_BATCH_TOKENS,
+         lambda ev: _large_running(ev) and not ER.long_prompts_in_tail(ev), lambda ev, st: (
         f"{_stage_line(ev, st)}; the slow requests ran in batches of {_n(_running(ev)[0])} vs "
         f"{_n(_running(ev)[1])} for normal ones, and each unit of batch adds {_n(ev.get('batch_slope_ms'), ' ms', 2)} "
         f"(fit r² {_n(ev.get('batch_r2'), '', 2)}): the batch, not the prompt, is slow. Lower the batch budget "
