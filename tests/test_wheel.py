@@ -116,7 +116,8 @@ def _prune(root: Path, extra: str, keep: Path) -> None:
             except BlockingIOError:
                 continue
             shutil.rmtree(venv, ignore_errors=True)
-        old.unlink(missing_ok=True)
+        # the lock file stays: unlinking it would let a later run lock a new file of the same name
+        # while another still holds the old one, and two runs would share one venv unlocked
 
 
 @contextlib.contextmanager
