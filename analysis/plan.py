@@ -16,11 +16,20 @@ capacity; within a phase the stage with the larger share first):
   ``met``) or when the levers run out (``not_met``; ``plan_left`` gives the remaining gap in ms and
   the stage holding most of the excess of the requests still over the threshold).
 
+Each step carries ``interval_ms``, the 95 % interval of its predicted quantile on the composed
+breakdown (analysis.interval_sql.breakdown_estimate, the estimator the levers' own intervals use),
+and, where the SLO sets ``accelerator_price_per_hour``, ``cost_delta``: the step lever's cost change
+(analysis.cost.lever_cost_delta of analysis.cost_levers.lever_effect) on the state the previous
+steps left, its money relative to that state's cost (the report's cost times the earlier steps'
+factors); None without a price. **The cheaper lever between two that meet the SLO**: when a step's
+lever would meet the SLO, every later lever is predicted from the same state; among those that also
+meet it the one with the smallest relative cost change goes instead (ties and unknown changes keep
+the seeds' order), and the step's ``cheaper_than`` names the levers it beat.
+
 A lever whose model is not a per-request transformation (``prewarm``: the quantile of the unaffected
 requests) or has no prediction is left out of the plan, and said so in ``plan_left["skipped"]``.
 Per-gap SLIs (inter-token) have no per-request breakdown to compose on: their plan is empty and
-``plan_left`` says so. ``interval_ms`` and ``cost_delta`` are filled by the confidence-interval and
-cost analyses (None here). Units: milliseconds.
+``plan_left`` says so. Units: milliseconds.
 """
 
 from __future__ import annotations
@@ -30,10 +39,12 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import cost as CO
 from stagescope.analysis import counterfactual as C
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.engine_levers import output_cap
+from stagescope.analysis.interval_sql import breakdown_estimate
 from stagescope.analysis.llm_levers import batch_cap
 from stagescope.analysis.weighting import breakdown_quantile, recording
 
@@ -122,6 +133,62 @@ def _left(
     }
 
 
+def _state_cost(cost: dict[str, Any] | None, factor: float | None) -> dict[str, Any] | None:
+    """The cost block of the state the previous steps left: money scaled by their cost factors
+    (unknown once a step's change is unknown)."""
+    if cost is None:
+        return None
+    keys = ("cost_per_1k_requests", "fleet_cost_per_1k_requests")
+    return {**cost, **{k: None if factor is None or cost.get(k) is None else cost[k] * factor for k in keys}}
+
+
+def _meets(
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    attr: Attribution,
+    ev: dict[str, Any],
+    lv: dict[str, Any],
+) -> tuple[float | None, str, list[tuple[str, str]]]:
+    """The lever's prediction from the current state, its model line and the expressions it noted."""
+    with recording() as seen:
+        got, model = C.lever_prediction(con, view, attr, ev, lv["lever"], lv["stage"])
+    return got, model, list(seen)
+
+
+def _cheaper(
+    con: duckdb.DuckDBPyConnection,
+    view: SLIView,
+    attr: Attribution,
+    ev: dict[str, Any],
+    first: tuple[dict[str, Any], float, str, list[tuple[str, str]]],
+    rest: list[dict[str, Any]],
+) -> tuple[tuple[dict[str, Any], float, str, list[tuple[str, str]]], list[dict[str, Any]]]:
+    """Among ``first`` (a lever that meets the SLO from the current state) and the later levers that
+    also meet it from there, the one with the smallest relative cost change (a tie or an unknown
+    change keeps the earlier); and the levers it beat (lever, stage, predicted, relative change)."""
+    thr = view.slo.threshold_ms
+
+    def rel(lv: dict[str, Any]) -> float | None:
+        return CO.lever_cost_delta(None, CO.lever_effect(con, view, attr, ev, lv["lever"]))["relative"]
+
+    best, best_rel = first, rel(first[0])
+    met = [(first, best_rel)]
+    for lv in rest:
+        got, model, seen = _meets(con, view, attr, ev, lv)
+        if got is None or not seen or got > thr:
+            continue
+        r = rel(lv)
+        met.append(((lv, got, model, seen), r))
+        if r is not None and best_rel is not None and r < best_rel - 1e-9:
+            best, best_rel = (lv, got, model, seen), r
+    beaten = [
+        {"lever": c[0]["lever"], "stage": c[0]["stage"], "predicted_quantile_ms": round(float(c[1]), 3),
+         "relative_cost_change": r}
+        for c, r in met if c[0] is not best[0]
+    ]  # fmt: skip
+    return best, beaten if best[0] is not first[0] else []
+
+
 def build_plan(
     con: duckdb.DuckDBPyConnection,
     view: SLIView,
@@ -133,6 +200,10 @@ def build_plan(
     (see the module docstring); ``([], None, None)`` when one lever already meets the SLO. The
     breakdown is restored before returning."""
     thr = view.slo.threshold_ms
+    price = view.slo.accelerator_price_per_hour
+    cost = None if price is None else CO.cost_report(con, view, attr, price)
+    priced = cost is not None and cost.get("cost_per_1k_requests") is not None
+    factor: float | None = 1.0
     usable = [lv for lv in levers if lv.get("lever") is not None and lv.get("acceptable") is not False]
     if any(lv.get("predicted_p99_ms") is not None and lv["predicted_p99_ms"] <= thr for lv in usable):
         return [], None, None
@@ -148,22 +219,37 @@ def build_plan(
     pred: float | None = None
     con.execute(f"CREATE OR REPLACE TEMP TABLE {_SAVED} AS SELECT * FROM {BREAKDOWN}")
     try:
-        for lv in ordered:
+        remaining = list(ordered)
+        while remaining:
+            lv = remaining.pop(0)
+            got, model, seen = _meets(con, view, attr, ev, lv)
+            if got is None or not seen:
+                skipped.append(f"{lv['lever']} ({lv['stage']}): {model}" if got is None else
+                               f"{lv['lever']} ({lv['stage']}): its model is not a per-request change")  # fmt: skip
+                continue
+            beaten: list[dict[str, Any]] = []
+            if priced and got <= thr:  # the cheaper of the levers that meet the SLO from here
+                (lv, got, model, seen), beaten = _cheaper(con, view, attr, ev, (lv, got, model, seen), remaining)
             lever, stage = lv["lever"], lv["stage"]
             setting = _setting(con, view, attr, ev, lever, stage)
-            with recording() as seen:
-                got, model = C.lever_prediction(con, view, attr, ev, lever, stage)
-            if got is None or not seen:
-                skipped.append(f"{lever} ({stage}): {model}" if got is None else
-                               f"{lever} ({stage}): its model is not a per-request change")  # fmt: skip
-                continue
+            delta = None
+            if priced:  # on the state the previous steps left, before this step changes it
+                delta = CO.lever_cost_delta(_state_cost(cost, factor), CO.lever_effect(con, view, attr, ev, lever))
+                rel = delta["relative"]
+                factor = None if factor is None or rel is None else factor * (1.0 + rel)
             src, expr = seen[-1]
             _apply(con, attr, src, expr, stage)
-            pred = breakdown_quantile(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
-            steps.append({
-                "lever": lever, "stage": stage, "setting": setting,
-                "predicted_quantile_ms": pred, "interval_ms": None, "cost_delta": None, "model": model,
-            })  # fmt: skip
+            est = breakdown_estimate(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
+            pred = None if est is None else float(est)
+            iv = getattr(est, "interval", None)
+            step = {
+                "lever": lever, "stage": stage, "setting": setting, "predicted_quantile_ms": pred,
+                "interval_ms": None if iv is None else [None if x is None else round(float(x), 3) for x in iv],
+                "cost_delta": delta, "model": model,
+            }  # fmt: skip
+            if beaten:
+                step["cheaper_than"] = beaten
+            steps.append(step)
             if pred is not None and pred <= thr:
                 return steps, N.PLAN_MET, None
         if pred is None:  # no step: the gap is the SLO quantile's own

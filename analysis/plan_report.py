@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from stagescope.analysis.report_context import cost_delta_text, interval_text
 from stagescope.names import PLAN_MET, PLAN_NOT_MET
 
 __all__ = ["plan_html", "plan_lines"]
@@ -21,11 +22,15 @@ def _steps(report: dict[str, Any]) -> list[str]:
         if s.get("setting"):
             txt += f": {s['setting']}"
         txt += f"; predicted after it {_ms(s['predicted_quantile_ms'])}"
-        if s.get("interval_ms"):
-            lo, hi = s["interval_ms"]
-            txt += f" [{lo:.1f}, {hi:.1f}]"
-        if s.get("cost_delta") is not None:
-            txt += f"; cost change {s['cost_delta']:+g}"
+        if iv := interval_text(s.get("interval_ms")):
+            txt += f" {iv}"
+        if cd := cost_delta_text(s.get("cost_delta")):
+            txt += f"; {cd}"
+        if s.get("cheaper_than"):
+            txt += "; cheaper than " + ", ".join(
+                f"{b['lever']} ({b['stage']}, which also meets the SLO: {_ms(b['predicted_quantile_ms'])})"
+                for b in s["cheaper_than"]
+            )
         out.append(txt)
     return out
 

@@ -27,6 +27,11 @@ ITL_DEF = (
 )
 TPOT_DEF = "TPOT: per request, (last token - first token) / (output tokens - 1): the mean gap of one stream."
 VLLM_SCOPE: tuple[Matcher, ...] = (rx(names.VLLM_LABEL_MODEL, "$vllm_model"),)
+#: The price variable (what one accelerator-hour costs, as the SLO file's accelerator_price_per_hour).
+PRICE_VAR = "accelerator_price_per_hour"
+#: Until set, the price is 1: the panel then reads accelerator-hours per million output tokens.
+PRICE_DEFAULT = "1"
+GPU_SCOPE: tuple[Matcher, ...] = (rx("instance", "$gpu_instance"),)
 
 
 def _quantiles(
@@ -95,6 +100,40 @@ def _stagescope_work() -> list[Any]:
     ]  # fmt: skip
 
 
+def _tokens_per_s(by: tuple[str, ...] = ()) -> str:
+    """Output tokens per second: streams started (one first token each) + inter-token gaps."""
+    gaps = sum_by(rate(sel(names.METRIC_INTER_TOKEN, d.scope(), "_count"), d.RATE), by)
+    firsts = sum_by(rate(sel(names.METRIC_GENAI_TTFT, d.scope(), "_count"), d.RATE), by)
+    return f"({gaps}\n+\n{firsts})"
+
+
+def _cost() -> list[Any]:
+    """Cost per million output tokens, as the report's cost block computes it (analysis.cost)."""
+    price = f"${PRICE_VAR} / 3600"
+    busy = sum_by(rate(sel(names.METRIC_EXECUTOR_BUSY, d.scope()), d.RATE), (names.LABEL_MODEL,))
+    util = f"sum({sel(names.DCGM_GPU_UTIL, GPU_SCOPE)}) / 100"
+    gpus = f"count({sel(names.DCGM_GPU_UTIL, GPU_SCOPE)})"
+    return [
+        p.timeseries(
+            "Cost per million output tokens",
+            f"${PRICE_VAR} (the dashboard variable: the price of one accelerator-hour, as the SLO file's "
+            f"accelerator_price_per_hour; {PRICE_DEFAULT} until set, so the panel reads accelerator-hours) / 3600 "
+            "x accelerator-seconds per second / output tokens per second x 10^6. Accelerator-seconds: executor "
+            f"busy time ({names.METRIC_EXECUTOR_BUSY}, per model, one executor taken for one accelerator), "
+            f"or {names.DCGM_GPU_UTIL} / 100 summed over the $gpu_instance GPUs (utilization x time), or "
+            "every such GPU whole (the fleet, idle time included). Output tokens as in 'Output tokens per "
+            "second'. Idle time is charged only by the fleet series.",
+            [
+                p.target(f"{price} * {busy}\n/\n{_tokens_per_s((names.LABEL_MODEL,))} * 1e6",
+                         "executor busy time {{model}}"),
+                p.target(f"{price} * {util}\n/\n{_tokens_per_s()} * 1e6", "GPU utilization x time"),
+                p.target(f"{price} * {gpus}\n/\n{_tokens_per_s()} * 1e6", "fleet (every GPU, idle included)"),
+            ],
+            "short",
+        ),
+    ]  # fmt: skip
+
+
 def _vllm_latency() -> list[Any]:
     return [
         p.timeseries("vLLM: time to first token", f"{names.VLLM_TTFT}. " + TTFT_DEF,
@@ -148,9 +187,12 @@ def dashboard() -> Any:
     vllm_model = p.query_variable(
         "vllm_model", "vLLM model", f"label_values({names.VLLM_NUM_RUNNING}, model_name)"
     )
+    gpus = p.query_variable("gpu_instance", "GPU exporter", f"label_values({names.DCGM_GPU_UTIL}, instance)")
+    price = p.textbox_variable(PRICE_VAR, "Accelerator price per hour", PRICE_DEFAULT)
     panels = p.layout(
         [
             ("stagescope: this service's token latencies", [_stagescope_latency(), _stagescope_work()]),
+            ("stagescope: cost", [_cost()]),
             ("vLLM deployment (vLLM's own metric names)", [_vllm_latency(), _vllm_work()]),
         ]
     )
@@ -160,5 +202,5 @@ def dashboard() -> Any:
         "TTFT, inter-token latency and time per output token with exact definitions; prefill vs decode; "
         "the same views for vLLM.",
         panels,
-        [*job_model_variables(), stage_variable(), vllm_model],
+        [*job_model_variables(), stage_variable(), vllm_model, gpus, price],
     )

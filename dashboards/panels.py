@@ -29,6 +29,7 @@ __all__ = [
     "stat",
     "table",
     "target",
+    "textbox_variable",
     "timeseries",
 ]
 
@@ -218,6 +219,13 @@ def query_variable(name: str, label: str, query: str) -> g.Template:
         sort=1,
     )
     template._current = {"selected": True, "text": ["All"], "value": ["$__all"]}  # what Grafana writes
+    return template
+
+
+def textbox_variable(name: str, label: str, default: str) -> g.Template:
+    """A free-text variable (a number the user types, e.g. a price), ``default`` until changed."""
+    template = g.Template(name=name, label=label, query=default, default=default, type="textbox")
+    template._current = {"selected": False, "text": default, "value": default}
     return template
 
 

@@ -11,7 +11,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelQuery", "VariableQuery", "fill", "metric_names", "panel_queries", "variable_queries"]
+__all__ = [
+    "PanelQuery",
+    "VariableQuery",
+    "fill",
+    "metric_names",
+    "panel_queries",
+    "text_values",
+    "variable_queries",
+]
 
 _VAR = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
 _NOT_METRICS = frozenset(
@@ -83,10 +91,21 @@ def variable_queries(dashboard: Mapping[str, Any]) -> list[VariableQuery]:
     return out
 
 
+def text_values(dashboard: Mapping[str, Any]) -> dict[str, str]:
+    """The default values of ``dashboard``'s textbox and constant variables (a price the user types),
+    as Grafana fills them until changed."""
+    out = {}
+    for v in (dashboard.get("templating") or {}).get("list") or []:
+        if v.get("type") in ("textbox", "constant"):
+            out[str(v["name"])] = str((v.get("current") or {}).get("value") or v.get("query") or "")
+    return out
+
+
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads (a lexical approximation that is exact for the
     expressions stagescope generates: strings, matchers, ranges and label lists are removed first)."""
     text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    text = _VAR.sub("1", text)  # a variable outside a matcher (a price) is a number, not a metric
     text = re.sub(r"\{[^}]*\}", "", text)
     text = re.sub(r"\[[^\]]*\]", "", text)
     text = re.sub(r"\b(by|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stagescope.analysis import intervals as I
 from stagescope.analysis.report import status
 from stagescope.demo.runner import RunResult, check_port_free, run_scenario
 from stagescope.errors import EXIT_NO_DATA, UserError
@@ -85,11 +87,16 @@ def _verdict_lines(report: dict[str, Any]) -> list[str]:
     return headline(report)
 
 
-def _predicted(report: dict[str, Any]) -> float | None:
+def _verdict_lever(report: dict[str, Any]) -> dict[str, Any]:
+    """The lever entry of the report's verdict ({} without a verdict)."""
     v = report.get("verdict")
     if not v:
-        return None
-    return next((x["predicted_p99_ms"] for x in report["levers"] if x["lever"] == v["lever"]), None)
+        return {}
+    return next((x for x in report.get("levers") or [] if x.get("lever") == v.get("lever")), {})
+
+
+def _predicted(report: dict[str, Any]) -> float | None:
+    return _verdict_lever(report).get("predicted_p99_ms")
 
 
 def _write_dashboards(out: Path) -> None:
@@ -117,15 +124,20 @@ def _stretch(report: dict[str, Any]) -> float | None:
 
 
 def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
-    """The ``lever_check.json`` record: measured quantile before and after, the predicted one, and the
-    served model's eval-set accuracy before and after (as each run's service exported it).
-    ``within_slo_after`` is None when the run after the lever had no samples (no data is never a
-    verdict: ``no_data_reason_after`` says why)."""
+    """The ``lever_check.json`` record: measured quantile before and after with their 95 % intervals,
+    the predicted one with its interval, the judgement of the measurement by those intervals
+    (analysis.intervals.judge: ``within``, ``outside`` by ``outside_by_ms``, or ``too_short`` when
+    either interval is unbounded), and the served model's eval-set accuracy before and after (as
+    each run's service exported it). ``within_slo_after`` and ``judgement`` are None when the run
+    after the lever had no samples (no data is never a verdict: ``no_data_reason_after`` says why)."""
     report = before.report
     v = report.get("verdict") or {}
     q_after = after.report.get("quantile_ms")
     no_data = status(after.report) == STATUS_NO_DATA or q_after is None
     predicted = _predicted(report)
+    predicted_iv = _verdict_lever(report).get("interval_ms")
+    after_iv = None if no_data else after.report.get("quantile_interval_ms")
+    judged = None if no_data else I.judge(q_after, after_iv, predicted, predicted_iv)
     return {
         "scenario": before.scenario,
         "engine": before.engine,
@@ -133,8 +145,14 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         "slo_ms": report["slo"]["threshold_ms"],
         "slo": report["slo"]["spec"],
         "p99_before_ms": report.get("quantile_ms"),
+        "p99_before_interval_ms": report.get("quantile_interval_ms"),
         "predicted_p99_ms": predicted,
+        "predicted_interval_ms": predicted_iv,
         "p99_after_ms": q_after,
+        "p99_after_interval_ms": after_iv,
+        "confidence": I.CONFIDENCE,
+        # the measurement judged by the intervals: within / outside by X ms / too short to tell
+        "judgement": None if judged is None else dataclasses.asdict(judged),
         # measured after / predicted - 1: how far the lever's effect model was from the engine
         "prediction_error": None if no_data or q_after is None or not predicted else round(q_after / predicted - 1, 4),
         "status_after": status(after.report),
@@ -153,6 +171,26 @@ def _after_words(check: dict[str, Any]) -> str:
     if check["within_slo_after"] is None:
         return f"no data after the lever: {check['no_data_reason_after'] or 'no samples'}"
     return f"SLO {check['slo_ms']:g} ms: {'met' if check['within_slo_after'] else 'still breached'}"
+
+
+def _iv(iv: list[float | None] | None) -> str:
+    """`` [lo, hi]`` of an interval in ms (an unbounded end: ``?``); ``""`` for none."""
+    if not iv:
+        return ""
+    lo, hi = ("?" if x is None else f"{x:,.0f}" for x in iv)
+    return f" [{lo}, {hi}]"
+
+
+def _judged(check: dict[str, Any]) -> str:
+    """The judgement by the intervals in a few words for the ``--all`` table."""
+    j = check.get("judgement")
+    if not j:
+        return "-"
+    if j["verdict"] == "within":
+        return "within the interval"
+    if j["verdict"] == "outside":
+        return f"outside by {j['outside_by_ms']:g} ms"
+    return "too short to tell"
 
 
 def _pct(x: float | None) -> str:
@@ -218,10 +256,13 @@ def run_one(
     (out / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
     q = "p" + f"{before.report['slo']['objective'] * 100:g}"
     out_console.print(
-        f"Lever check ({check['lever']}): {q} before {_ms(check['p99_before_ms'])}, predicted "
-        f"{_ms(check['predicted_p99_ms'])}, measured after {_ms(check['p99_after_ms'])} ({_after_words(check)}"
-        f"{_error_words(check)})"
+        f"Lever check ({check['lever']}): {q} before {_ms(check['p99_before_ms'])}"
+        f"{_iv(check['p99_before_interval_ms'])}, predicted {_ms(check['predicted_p99_ms'])}"
+        f"{_iv(check['predicted_interval_ms'])}, measured after {_ms(check['p99_after_ms'])}"
+        f"{_iv(check['p99_after_interval_ms'])} ({_after_words(check)}{_error_words(check)})"
     )
+    if check["judgement"] is not None:
+        out_console.print(f"  judged by the {I.CONFIDENCE:.0%} intervals: {check['judgement']['words']}")
     if check["accuracy_before"] is not None or check["accuracy_after"] is not None:
         budget = check["quality_budget_points"]
         out_console.print(
@@ -244,7 +285,7 @@ def run_all(
     _prepare(engine)
     table = Table(title=f"stagescope demo --all ({engine} engine): found vs true cause")
     for col in ("scenario", "true stage", "true lever", "found stage", "found lever", "SLO", "measured",
-                "predicted after lever", *(["measured after lever", "after vs predicted"] if apply_lever else []),
+                "predicted after lever", *(["measured after lever", "after vs predicted", "judged by intervals"] if apply_lever else []),
                 "ok"):  # fmt: skip
         table.add_column(col)
     rows: list[dict[str, Any]] = []
@@ -269,6 +310,8 @@ def run_all(
             (out / name / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")
             row["after_ms"] = check["p99_after_ms"]
             row["prediction_error"] = check["prediction_error"]
+            row["judgement"] = check["judgement"]
+            row["judged"] = _judged(check)
             ok = ok and bool(check["within_slo_after"])
             row["ok"] = ok
         mismatches += not ok
@@ -276,7 +319,8 @@ def run_all(
         table.add_row(
             name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", sc.slo_spec,
             _measured(res.report), _ms(row["predicted_ms"]),
-            *([_ms(row.get("after_ms")), _signed(row.get("prediction_error"))] if apply_lever else []),
+            *([_ms(row.get("after_ms")), _signed(row.get("prediction_error")), row.get("judged", "-")]
+              if apply_lever else []),
             "yes" if ok else "[red]NO[/red]",
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -3,6 +3,7 @@ seeds' order with a final prediction near the generator's truth; single-cause in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import duckdb
@@ -14,15 +15,19 @@ from stagescope.analysis import synth_scenarios as S
 from stagescope.analysis.api import analyze
 from stagescope.analysis.plan import phase_of
 from stagescope.analysis.report import to_html, to_text
+from stagescope.slo import parse_slo
 
 N_REQ = 1500
+#: An accelerator-hour's price for the plan's cost changes (the SLO file's accelerator_price_per_hour).
+PRICE = 4.0
 
 
-def _report(name: str, seed: int = 3) -> tuple[M.MultiIncident, dict]:  # type: ignore[type-arg]
+def _report(name: str, seed: int = 3, price: float | None = PRICE) -> tuple[M.MultiIncident, dict]:  # type: ignore[type-arg]
     inc = M.generate_multi(name, N_REQ, seed=seed)
     con = duckdb.connect()
     S.to_tables(con, inc.data)
-    return inc, analyze(con, inc.data.scenario.slo)
+    slo = dataclasses.replace(parse_slo(inc.data.scenario.slo)[0], accelerator_price_per_hour=price)
+    return inc, analyze(con, slo)
 
 
 def _setting_value(step: dict) -> float | None:  # type: ignore[type-arg]
@@ -51,7 +56,15 @@ def test_seed_001_example() -> None:
             "interval_ms",
             "cost_delta",
         }
-        assert step["interval_ms"] is None and step["cost_delta"] is None
+        lo, hi = step["interval_ms"]
+        assert lo is not None and hi is not None and lo <= step["predicted_quantile_ms"] <= hi
+    # scale-out doubles the executors: a positive cost change, in money at the SLO's price
+    cd = rep["plan"][0]["cost_delta"]
+    assert cd["relative"] == pytest.approx(1.0) and cd["sign"] == "+" and cd["per_1k_requests"] > 0
+    # the same breakdown without a price: intervals, no cost change
+    _, bare = _report("llm-seed-001", price=None)
+    assert [s["cost_delta"] for s in bare["plan"]] == [None, None]
+    assert [s["interval_ms"] for s in bare["plan"]] == [s["interval_ms"] for s in rep["plan"]]
     # composed, not added: the second step's prediction is its own model on the first step's outcome
     first = rep["plan"][0]["predicted_quantile_ms"]
     assert first == pytest.approx(preds[N.LEVER_SCALE_OUT], abs=0.01)
@@ -113,3 +126,26 @@ def test_plan_in_text_and_html() -> None:
 def test_phases_cover_every_lever_once() -> None:
     seen = [lv for _, levers in N.LEVER_PHASES for lv in levers]
     assert sorted(seen) == sorted(N.LEVERS) and len(seen) == len(set(seen))
+
+
+def test_the_plan_prefers_the_cheaper_lever_between_two_that_meet_the_slo() -> None:
+    """predict-burst-faults: after scale-out both the smaller response (no cost change) and the
+    results cache (repeats skip the accelerator: cheaper) meet the p90; the phase order would take
+    the smaller response, the plan takes the cache and says what it beat."""
+    inc, rep = _report("predict-burst-faults")
+    thr = rep["slo"]["threshold_ms"]
+    assert [s["lever"] for s in rep["plan"]] == [N.LEVER_SCALE_OUT, N.LEVER_CACHE_RESULTS] and rep["plan_status"] == N.PLAN_MET
+    last = rep["plan"][-1]
+    (beaten,) = last["cheaper_than"]
+    assert beaten["lever"] == N.LEVER_SHRINK_RESPONSE and beaten["predicted_quantile_ms"] <= thr
+    assert last["cost_delta"]["relative"] < beaten["relative_cost_change"] == 0.0
+    assert last["cost_delta"]["per_1k_requests"] < 0
+    # the truth agrees that either meets it after scale-out
+    for lever in (N.LEVER_CACHE_RESULTS, N.LEVER_SHRINK_RESPONSE):
+        assert inc.true_quantile([(N.LEVER_SCALE_OUT, None), (lever, None)]) <= thr
+    assert inc.true_quantile([(N.LEVER_SCALE_OUT, None)]) > thr
+    assert "cheaper than shrink-response" in to_text(rep)
+    # without a price there is no cost change to prefer by: the seeds' order stands
+    _, bare = _report("predict-burst-faults", price=None)
+    assert [s["lever"] for s in bare["plan"]] == [N.LEVER_SCALE_OUT, N.LEVER_SHRINK_RESPONSE]
+    assert all("cheaper_than" not in s and s["cost_delta"] is None for s in bare["plan"])

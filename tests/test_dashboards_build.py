@@ -176,3 +176,23 @@ def test_stage_panels_read_the_stage_variable_not_a_list_of_stages() -> None:
         for q in staged:
             assert 'stage=~"$stage"' in q.expr, f"{name} / {q.panel}"
             assert not re.search(r'\bstage(=|!=|=~|!~)"(?!\$stage")', q.expr), f"{name} / {q.panel}: {q.expr}"
+
+
+def test_llm_dashboard_has_a_cost_per_million_output_tokens_panel() -> None:
+    """Issue 18: the price is a dashboard variable (a textbox, 1 until set); accelerator-seconds come
+    from executor busy time (per model) or DCGM utilization; output tokens from the TTFT and ITL counts."""
+    from stagescope.dashboards.queries import text_values
+
+    dash = _load("stagescope-llm.json")
+    assert text_values(dash) == {"accelerator_price_per_hour": "1"}
+    (panel,) = [p for p in _all_panels(dash) if p["title"] == "Cost per million output tokens"]
+    assert "accelerator_price_per_hour" in panel["description"] and "idle" in panel["description"]
+    exprs = _exprs(dash, "Cost per million output tokens")
+    assert len(exprs) == 3
+    for e in exprs:
+        assert e.startswith("$accelerator_price_per_hour / 3600 * ") and e.endswith(" * 1e6")
+        assert f"{names.METRIC_INTER_TOKEN}_count" in e and f"{names.METRIC_GENAI_TTFT}_count" in e
+    busy, util, fleet = exprs
+    assert f"sum by (model) (rate({names.METRIC_EXECUTOR_BUSY}" in busy and "sum by (model) (rate(" in busy.split("/")[1]
+    assert f"sum({names.DCGM_GPU_UTIL}" in util and ") / 100" in util
+    assert f"count({names.DCGM_GPU_UTIL}" in fleet

@@ -51,7 +51,14 @@ import yaml
 
 from stagescope import names
 from stagescope.dashboards.build import rendered
-from stagescope.dashboards.queries import PanelQuery, fill, metric_names, panel_queries, variable_queries
+from stagescope.dashboards.queries import (
+    PanelQuery,
+    fill,
+    metric_names,
+    panel_queries,
+    text_values,
+    variable_queries,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = sorted((ROOT / "alerts" / "generated").glob("*.yml"))
@@ -362,7 +369,7 @@ def test_every_panel_query_against_a_real_prometheus(prometheus: str, service: s
     variables_without_values = []
     for name, text in rendered().items():
         dash = json.loads(text)
-        values = dict(VALUES)
+        values = {**VALUES, **text_values(dash)}  # a price variable: its default
         for v in variable_queries(dash):
             values[v.name] = v.all_value or ".*"
         for var, found in _variable_values(prometheus, dash, values, t0, t1).items():

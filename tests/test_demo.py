@@ -9,7 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,93 @@ def test_a_second_demo_run_into_the_same_folder_analyses_only_its_own_traffic(tm
     assert "the earlier run's recordings" in proc.stderr
     runs = list((out / "earlier-runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "report.json").exists()
+
+
+def _lever_runs(tmp_path: Path) -> tuple[Any, dict[str, Any], Callable[[float, list[float | None] | None], Any]]:
+    """A real before-report (the SYNTHETIC slow-compute incident, analysed) and a RunResult maker
+    for the run after the lever with a chosen measured quantile and interval."""
+    import duckdb
+
+    from stagescope.analysis import synth_scenarios as S
+    from stagescope.analysis.api import analyze
+    from stagescope.demo.runner import RunResult
+
+    data = S.generate("slow-compute", 1500, seed=3)
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    report = json.loads(json.dumps(analyze(con, data.scenario.slo), default=str))
+    before = RunResult("slow-compute", False, tmp_path, report, 1500, None)
+
+    def after(q: float, iv: list[float | None] | None) -> RunResult:
+        rep = {**report, "status": "met", "breached": False, "quantile_ms": q, "quantile_interval_ms": iv}
+        return RunResult("slow-compute", True, tmp_path / "lever", rep, 1500, None)
+
+    return before, report, after
+
+
+def test_lever_check_is_judged_by_the_intervals(tmp_path: Path) -> None:
+    from stagescope.demo.main import lever_check
+
+    before, report, after = _lever_runs(tmp_path)
+    lever = next(lv for lv in report["levers"] if lv["lever"] == report["verdict"]["lever"])
+    lo, hi = lever["interval_ms"]
+    pred = lever["predicted_p99_ms"]
+    assert lo is not None and hi is not None and lo <= pred <= hi and hi > lo
+    inside = lever_check(before, after((lo + hi) / 2, [lo - 5, hi + 5]))
+    assert inside["predicted_interval_ms"] == [lo, hi] and inside["p99_after_interval_ms"] == [lo - 5, hi + 5]
+    assert inside["p99_before_interval_ms"] == report["quantile_interval_ms"]
+    assert inside["judgement"]["verdict"] == "within" and "within the predicted 95% interval" in inside["judgement"]["words"]
+    above = lever_check(before, after(hi + 40.0, [hi + 30.0, hi + 55.0]))
+    assert above["judgement"]["verdict"] == "outside"
+    assert above["judgement"]["outside_by_ms"] == pytest.approx(40.0, abs=0.05)
+    assert "outside the predicted 95% interval by 40 ms (above)" in above["judgement"]["words"]
+    below = lever_check(before, after(lo - 12.5, [lo - 20.0, lo - 10.0]))
+    assert below["judgement"]["outside_by_ms"] == pytest.approx(12.5, abs=0.05) and "below" in below["judgement"]["words"]
+    short = lever_check(before, after(pred, [pred - 10.0, None]))  # too few samples above the p99
+    assert short["judgement"]["verdict"] == "too_short" and "too short to tell" in short["judgement"]["words"]
+    # the llama-cpp work's fields stay: the measured error against the prediction
+    assert above["prediction_error"] == pytest.approx(round((hi + 40.0) / pred - 1, 4))
+    json.dumps(above)  # lever_check.json
+
+
+def test_apply_lever_prints_the_intervals_and_the_judgement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_one and run_all (the service runs replaced by the real analysed report above) print each
+    interval and the judgement, and write it into lever_check.json / summary.json."""
+    import io
+
+    from rich.console import Console
+
+    import stagescope.demo.main as D
+
+    before, report, after = _lever_runs(tmp_path)
+    lever = next(lv for lv in report["levers"] if lv["lever"] == report["verdict"]["lever"])
+    hi = lever["interval_ms"][1]
+    buf = io.StringIO()
+    monkeypatch.setattr(D, "out_console", Console(file=buf, width=300, highlight=False))
+    monkeypatch.setattr(D, "_prepare", lambda engine: None)
+    monkeypatch.setattr(D, "_sizing", lambda engine, name: {})
+    monkeypatch.setattr(D, "_write_dashboards", lambda out: None)
+    monkeypatch.setattr(D, "_run", lambda name, out, *, apply_lever, **kw: after(hi + 40.0, [hi + 30.0, hi + 60.0])
+                        if apply_lever else before)  # fmt: skip
+    assert D.run_one("slow-compute", tmp_path, duration_s=1, apply_lever=True, port=0) == 0
+    text = buf.getvalue()
+    lo_s, hi_s = (f"{x:,.0f}" for x in lever["interval_ms"])
+    assert f"predicted {lever['predicted_p99_ms']:,.0f} ms [{lo_s}, {hi_s}]" in text
+    assert f"measured after {hi + 40.0:,.0f} ms [{hi + 30.0:,.0f}, {hi + 60.0:,.0f}]" in text
+    assert "judged by the 95% intervals: outside the predicted 95% interval by 40 ms" in text
+    check = json.loads((tmp_path / "lever_check.json").read_text())
+    assert check["judgement"]["verdict"] == "outside" and check["predicted_interval_ms"] == lever["interval_ms"]
+
+    buf.truncate(0)
+
+    def run(name: str, out: Path, *, apply_lever: bool, **kw: object) -> object:
+        out.mkdir(parents=True, exist_ok=True)  # as the real run does
+        if apply_lever:
+            return after(lever["predicted_p99_ms"], [lever["predicted_p99_ms"] - 5, None])
+        return D.RunResult(name, False, out, report if name == "slow-compute" else {**report, "verdict": None}, 1, None)
+
+    monkeypatch.setattr(D, "_run", run)
+    D.run_all(tmp_path / "all", duration_s=1, apply_lever=True, port=0)
+    rows = {r["scenario"]: r for r in json.loads((tmp_path / "all" / "summary.json").read_text())}
+    assert rows["slow-compute"]["judgement"]["verdict"] == "too_short"
+    assert "judged by intervals" in buf.getvalue() and "too short to tell" in buf.getvalue()
