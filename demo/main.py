@@ -256,9 +256,10 @@ def run_all(
         v = res.report.get("verdict") or {}
         found_stage, found_lever = v.get("stage"), v.get("lever")
         ok = (found_stage, found_lever) == (sc.true_stage, sc.lever) and res.report["breached"] == sc.breach
+        slo = (res.report.get("slo") or {}).get("spec") or sc.slo_spec  # as sized to the machine
         row: dict[str, Any] = {
             "scenario": name, "true_stage": sc.true_stage, "true_lever": sc.lever, "found_stage": found_stage,
-            "found_lever": found_lever, "slo": sc.slo_spec, "measured_ms": res.report.get("quantile_ms"),
+            "found_lever": found_lever, "slo": slo, "measured_ms": res.report.get("quantile_ms"),
             "predicted_ms": _predicted(res.report), "ok": ok,
         }  # fmt: skip
         if apply_lever and sc.lever is not None and ok:
@@ -274,7 +275,7 @@ def run_all(
         mismatches += not ok
         rows.append(row)
         table.add_row(
-            name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", sc.slo_spec,
+            name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", slo,
             _measured(res.report), _ms(row["predicted_ms"]),
             *([_ms(row.get("after_ms")), _signed(row.get("prediction_error"))] if apply_lever else []),
             "yes" if ok else "[red]NO[/red]",
