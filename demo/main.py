@@ -54,10 +54,11 @@ def _run(
     name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, label: str,
     engine: str = DEFAULT_ENGINE, overrides: dict[str, Any] | None = None,
 ) -> RunResult:  # fmt: skip
+    from stagescope.demo.runner import apply_workload
     from stagescope.loadgen.display import LiveProgress
 
     eng = get_engine(engine)
-    sc = eng.get_scenario(name)
+    sc, _ = apply_workload(eng.get_scenario(name), overrides)  # its rate as sized to the machine
     ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
