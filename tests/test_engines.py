@@ -160,15 +160,15 @@ def test_workload_overrides_change_the_load_not_the_service() -> None:
 def test_decode_and_slot_faults_are_sized_from_the_measured_times() -> None:
     from stagescope.service.llama_cpp import sizing as S
 
-    # median gaps a + b n with a = 6, b = 1; 16 slots, 96 tokens, 10 ms prompts; p95 gap 15 ms at 8 streams
+    # median gaps a + b n with a = 6, b = 1; 16 slots, 96 tokens, 10 ms prompts
     pts = [(4, 10.0), (8, 14.0), (16, 22.0)]
     assert S.step_fit(pts) == pytest.approx((6.0, 1.0))
-    rate, itl = S.decode_load(pts, slots=16, max_tokens=96, prompt_ms=10.0, half_slots_p95_ms=15.0)
+    rate, itl = S.decode_load(pts, slots=16, max_tokens=96, prompt_ms=10.0)
     running = S.DECODE_LOAD_SHARE * 16
     assert rate * (10.0 + 96 * (6.0 + running)) / 1000.0 == pytest.approx(running)  # Little's law
-    assert itl == S.ITL_SLO_OVER_P95 * 15.0
+    assert itl == pytest.approx(S.ITL_SLO_OVER_STEP * (6.0 + 8.0))  # the step with half the slots
     with pytest.raises(UserError, match="does not grow"):
-        S.decode_load([(4, 10.0), (16, 9.0)], slots=16, max_tokens=96, prompt_ms=10.0, half_slots_p95_ms=15.0)
+        S.decode_load([(4, 10.0), (16, 9.0)], slots=16, max_tokens=96, prompt_ms=10.0)
     rate, ttft = S.slot_load(1.25, slots=2)
     assert rate == pytest.approx(S.SLOTS_OVERLOAD * 2 / 1.25) and ttft == pytest.approx(S.TTFT_SLO_OVER_SERVICE * 1250.0)
     with pytest.raises(UserError):
