@@ -56,10 +56,11 @@ def _run(
     name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, label: str,
     engine: str = DEFAULT_ENGINE, overrides: dict[str, Any] | None = None,
 ) -> RunResult:  # fmt: skip
+    from stagescope.demo.runner import apply_workload
     from stagescope.loadgen.display import LiveProgress
 
     eng = get_engine(engine)
-    sc = eng.get_scenario(name)
+    sc, _ = apply_workload(eng.get_scenario(name), overrides)  # its rate as sized to the machine
     ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
@@ -297,9 +298,10 @@ def run_all(
         v = res.report.get("verdict") or {}
         found_stage, found_lever = v.get("stage"), v.get("lever")
         ok = (found_stage, found_lever) == (sc.true_stage, sc.lever) and res.report["breached"] == sc.breach
+        slo = (res.report.get("slo") or {}).get("spec") or sc.slo_spec  # as sized to the machine
         row: dict[str, Any] = {
             "scenario": name, "true_stage": sc.true_stage, "true_lever": sc.lever, "found_stage": found_stage,
-            "found_lever": found_lever, "slo": sc.slo_spec, "measured_ms": res.report.get("quantile_ms"),
+            "found_lever": found_lever, "slo": slo, "measured_ms": res.report.get("quantile_ms"),
             "predicted_ms": _predicted(res.report), "ok": ok,
         }  # fmt: skip
         if apply_lever and sc.lever is not None and ok:
@@ -317,7 +319,7 @@ def run_all(
         mismatches += not ok
         rows.append(row)
         table.add_row(
-            name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", sc.slo_spec,
+            name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", slo,
             _measured(res.report), _ms(row["predicted_ms"]),
             *([_ms(row.get("after_ms")), _signed(row.get("prediction_error")), row.get("judged", "-")]
               if apply_lever else []),

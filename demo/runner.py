@@ -232,20 +232,41 @@ async def _drive(
 #: generator sends), not a setting of the service; an engine's sizing uses it (llama-cpp: the long
 #: prompts' length).
 WORKLOAD_PREFIX = "workload."
+#: An override whose key starts so changes the scenario itself: its arrival rate or its SLO (an engine's
+#: sizing: llama-cpp sizes a decode fault's rate and inter-token threshold, a slot fault's rate and
+#: TTFT threshold to the machine).
+SCENARIO_PREFIX = "scenario."
+#: The scenario fields a SCENARIO_PREFIX override may set.
+SCENARIO_FIELDS = ("rate_rps", "slo_spec")
 
 
 def apply_workload(sc: Scenario, overrides: dict[str, Any] | None) -> tuple[Scenario, dict[str, Any]]:
-    """``(the scenario with the workload overrides applied, the service's overrides)``; an unknown
-    workload field is a UserError."""
-    load = {k[len(WORKLOAD_PREFIX):]: v for k, v in (overrides or {}).items() if k.startswith(WORKLOAD_PREFIX)}
-    rest = {k: v for k, v in (overrides or {}).items() if not k.startswith(WORKLOAD_PREFIX)}
-    if not load:
-        return sc, rest
-    known = {f.name for f in dataclasses.fields(Workload)}
-    bad = sorted(set(load) - known)
-    if bad:
-        raise UserError(f"unknown workload setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
-    return dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, **load)), rest
+    """``(the scenario with the workload and scenario overrides applied, the service's overrides)``;
+    an unknown workload or scenario field, a rate that is not a positive number or an SLO that does not
+    parse is a UserError."""
+    items = (overrides or {}).items()
+    load = {k[len(WORKLOAD_PREFIX):]: v for k, v in items if k.startswith(WORKLOAD_PREFIX)}
+    own = {k[len(SCENARIO_PREFIX):]: v for k, v in items if k.startswith(SCENARIO_PREFIX)}
+    rest = {k: v for k, v in items if not k.startswith((WORKLOAD_PREFIX, SCENARIO_PREFIX))}
+    if load:
+        known = {f.name for f in dataclasses.fields(Workload)}
+        bad = sorted(set(load) - known)
+        if bad:
+            raise UserError(f"unknown workload setting(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, **load))
+    if own:
+        bad = sorted(set(own) - set(SCENARIO_FIELDS))
+        if bad:
+            raise UserError(f"unknown scenario setting(s) {', '.join(bad)}; known: {', '.join(SCENARIO_FIELDS)}")
+        rate = own.get("rate_rps", sc.rate_rps)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < float("inf"):
+            raise UserError(f"scenario rate_rps must be a positive number of requests per second, got {rate!r}")
+        sc = dataclasses.replace(sc, rate_rps=float(rate), slo_spec=str(own.get("slo_spec", sc.slo_spec)))
+        try:
+            sc.slo  # noqa: B018 - parse now: a bad SLO is one line before any work
+        except ValueError as exc:
+            raise UserError(f"scenario slo_spec {sc.slo_spec!r}: {exc}") from None
+    return sc, rest
 
 
 def analyse_run(out: Path, slo: SLO) -> dict[str, Any]:

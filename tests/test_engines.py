@@ -146,8 +146,33 @@ def test_workload_overrides_change_the_load_not_the_service() -> None:
     assert apply_workload(sc, None) == (sc, {})
     with pytest.raises(UserError, match="unknown workload setting"):
         apply_workload(sc, {f"{WORKLOAD_PREFIX}nope": 1})
-    # scenarios without long prompts are not sized (no server is started for them)
-    assert get_engine("llama-cpp").sizing(get_engine("llama-cpp").scenarios["llama-many-slots"]) == ({}, None)
+    # the healthy scenario is not sized (no server is started for it)
+    assert get_engine("llama-cpp").sizing(get_engine("llama-cpp").scenarios["llama-healthy"]) == ({}, None)
+    # a sizing's scenario overrides: rate and SLO; bad ones are one UserError line
+    own, _ = apply_workload(sc, {"scenario.rate_rps": 6.5, "scenario.slo_spec": "ttft:p95<900ms"})
+    assert own.rate_rps == 6.5 and own.slo.threshold_ms == 900.0 and sc.rate_rps == 3.0
+    for bad in ({"scenario.nope": 1}, {"scenario.rate_rps": 0}, {"scenario.rate_rps": "x"},
+                {"scenario.slo_spec": "itl:p99<"}):  # fmt: skip
+        with pytest.raises(UserError):
+            apply_workload(sc, bad)
+
+
+def test_decode_and_slot_faults_are_sized_from_the_measured_times() -> None:
+    from stagescope.service.llama_cpp import sizing as S
+
+    # median gaps a + b n with a = 6, b = 1; 16 slots, 96 tokens, 10 ms prompts
+    pts = [(4, 10.0), (8, 14.0), (16, 22.0)]
+    assert S.step_fit(pts) == pytest.approx((6.0, 1.0))
+    rate, itl = S.decode_load(pts, slots=16, max_tokens=96, prompt_ms=10.0)
+    running = S.DECODE_LOAD_SHARE * 16
+    assert rate * (10.0 + 96 * (6.0 + running)) / 1000.0 == pytest.approx(running)  # Little's law
+    assert itl == pytest.approx(S.ITL_SLO_OVER_STEP * (6.0 + 8.0))  # the step with half the slots
+    with pytest.raises(UserError, match="does not grow"):
+        S.decode_load([(4, 10.0), (16, 9.0)], slots=16, max_tokens=96, prompt_ms=10.0)
+    rate, ttft = S.slot_load(1.25, slots=2)
+    assert rate == pytest.approx(S.SLOTS_OVERLOAD * 2 / 1.25) and ttft == pytest.approx(S.TTFT_SLO_OVER_SERVICE * 1250.0)
+    with pytest.raises(UserError):
+        S.slot_load(0.0, slots=2)
 
 
 def test_long_prompt_length_follows_the_measured_step_time() -> None:

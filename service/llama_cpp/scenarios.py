@@ -17,9 +17,11 @@ llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generate
   tokens (llama.cpp fills it slot by slot, so a prompt in a later slot still waits: see the README).
 * ``llama-many-slots``: 16 slots at a load that keeps about ten streams decoding: every step carries
   all of them, and the per-step time, which grows with the streams in it, passes the inter-token
-  SLO. Lever: fewer slots (``--parallel 4``): the excess waits for a slot instead (TTFT, not ITL).
+  SLO (the demo sizes the rate and the threshold to the machine first, :mod:`.sizing`). Lever: fewer
+  slots (``--parallel 4``; the demo applies the analysis' cap): the excess waits for a slot instead.
 * ``llama-slots-busy``: 2 slots and long answers: arrivals need more slot time than two slots give,
-  so requests wait for a free slot at the gateway. Lever: a second llama-server behind the router
+  so requests wait for a free slot at the gateway (the demo sizes the rate to 1.5 x the slots' measured
+  capacity and the threshold to 2 x a request's service time, :mod:`.sizing`). Lever: a second llama-server behind the router
   (scale-out; on a 2-core machine it only helps while a core is free for it).
 """
 
@@ -61,7 +63,7 @@ LLAMA_SCENARIOS: Mapping[str, Scenario] = MappingProxyType(
             ),
             Scenario(
                 "llama-many-slots", "16 slots decode together: every step carries ~10 streams",
-                COMPLETIONS_ROUTE, 3.0, "itl:p99<40ms", N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS,
+                COMPLETIONS_ROUTE, 3.0, "itl:p95<40ms", N.STAGE_DECODE, N.LEVER_REDUCE_BATCH_TOKENS,
                 _frozen({"parallel": 16, "ctx_per_slot": 512}),
                 _frozen({"parallel": 4}),
                 Workload(prompt_tokens=8, max_tokens=96),
