@@ -22,9 +22,9 @@ import orjson
 import pyarrow as pa
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
+from stagescope.analysis.ingest.file_errors import BadEntry, TraceFileError, line_of
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
 from stagescope.analysis.ingest.spans import ATTR_COLUMNS, INVALID_COLUMNS, SPAN_COLUMNS, STRING_ONLY
-from stagescope.errors import UserError
 from stagescope.names import JAEGER_TAG_TRACESTATE
 
 if TYPE_CHECKING:
@@ -36,19 +36,8 @@ _KINDS = {"internal": 1, "server": 2, "client": 3, "producer": 4, "consumer": 5}
 _HEX = re.compile(r"[0-9a-fA-F]{1,32}")
 
 
-class JaegerFileError(UserError):
+class JaegerFileError(TraceFileError):
     """A bad Jaeger file: ``line`` (1-based) and ``reason`` without the file name."""
-
-    def __init__(self, file: str, line: int, reason: str) -> None:
-        super().__init__(f"{file}:{line}: {reason}")
-        self.line = line
-        self.reason = reason
-
-
-class _Bad(Exception):
-    def __init__(self, message: str, needle: str = "") -> None:
-        super().__init__(message)
-        self.needle = needle
 
 
 def _traces(doc: Any) -> Iterator[tuple[list[Any], dict[str, Any]]]:
@@ -57,12 +46,12 @@ def _traces(doc: Any) -> Iterator[tuple[list[Any], dict[str, Any]]]:
         yield doc, {}
         return
     if not isinstance(doc, dict):
-        raise _Bad(f"expected a Jaeger JSON object or array, got {type(doc).__name__}")
+        raise BadEntry(f"expected a Jaeger JSON object or array, got {type(doc).__name__}")
     data = doc.get("data", doc)
     items = data if isinstance(data, list) else [data]
     for t in items:
         if not isinstance(t, dict) or not isinstance(t.get("spans"), list):
-            raise _Bad("Jaeger trace without a spans list")
+            raise BadEntry("Jaeger trace without a spans list")
         procs = t.get("processes") or {}
         yield t["spans"], procs if isinstance(procs, dict) else {}
 
@@ -86,18 +75,18 @@ def _convert(v: Any, typ: str) -> Any:
 
 def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
     if not isinstance(sp, dict):
-        raise _Bad(f"span is {type(sp).__name__}, not an object")
+        raise BadEntry(f"span is {type(sp).__name__}, not an object")
     tid, sid = sp.get("traceID"), sp.get("spanID")
     for key, v in (("traceID", tid), ("spanID", sid)):
         if not isinstance(v, str) or not _HEX.fullmatch(v):
-            raise _Bad(f"{key} {v!r} is not hex", str(v))
+            raise BadEntry(f"{key} {v!r} is not hex", str(v))
     assert isinstance(tid, str) and isinstance(sid, str)
     start, dur = sp.get("startTime"), sp.get("duration", 0)
     if not isinstance(start, int) or isinstance(start, bool) or not isinstance(dur, int) or dur < 0:
-        raise _Bad(f"span {sid}: startTime/duration {start!r}/{dur!r} are not integer microseconds", str(sid))
+        raise BadEntry(f"span {sid}: startTime/duration {start!r}/{dur!r} are not integer microseconds", str(sid))
     start_ns = start * 1000
     if not MIN_NS <= start_ns <= MAX_NS:
-        raise _Bad(
+        raise BadEntry(
             f"span {sid}: startTime {start} is not plausible Unix microseconds ({unit_guess(start)})",
             str(start),
         )
@@ -179,10 +168,8 @@ def jaeger_rows(data: bytes, file: str) -> list[dict[str, Any]]:
     try:
         for spans, procs in _traces(doc):
             rows.extend(_span_row(sp, procs, file) for sp in spans)
-    except _Bad as exc:
-        pos = data.find(exc.needle.encode()) if exc.needle else -1
-        line = data.count(b"\n", 0, pos) + 1 if pos >= 0 else 1
-        raise JaegerFileError(file, line, str(exc)) from None
+    except BadEntry as exc:
+        raise JaegerFileError(file, line_of(data, exc.needle), str(exc)) from None
     return rows
 
 

@@ -41,6 +41,7 @@ import orjson
 
 from stagescope import names as N
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem
+from stagescope.analysis.ingest.file_errors import TraceFileError
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
 from stagescope.analysis.ingest.triton import Node, SpanBuffer, build, children, span_id
 from stagescope.errors import UserError
@@ -54,13 +55,8 @@ __all__ = ["SERVICE", "TritonFileError", "clock_offset", "load_triton_files", "t
 SERVICE = "triton-inference-server"
 
 
-class TritonFileError(UserError):
+class TritonFileError(TraceFileError):
     """A bad Triton trace file: ``line`` (1-based) and ``reason`` without the file name."""
-
-    def __init__(self, file: str, line: int, reason: str) -> None:
-        super().__init__(f"{file}:{line}: {reason}")
-        self.line = line
-        self.reason = reason
 
 
 class _Bad(Exception):

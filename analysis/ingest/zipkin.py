@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from stagescope.analysis.ingest.check import MAX_NS, MIN_NS, Problem, unit_guess
+from stagescope.analysis.ingest.file_errors import BadEntry, TraceFileError, line_of
 from stagescope.analysis.ingest.files import SniffedFile, open_bytes
 from stagescope.analysis.ingest.jaeger import insert_rows, tag_value
 from stagescope.analysis.ingest.spans import ATTR_COLUMNS, SPAN_COLUMNS
 from stagescope.analysis.ingest.triton import span_id as derived_id
-from stagescope.errors import UserError
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.traces import TraceLoader
@@ -43,24 +43,13 @@ _TRACE_ID = re.compile(r"[0-9a-fA-F]{16}|[0-9a-fA-F]{32}")
 _SPAN_ID = re.compile(r"[0-9a-fA-F]{16}")
 
 
-class ZipkinFileError(UserError):
+class ZipkinFileError(TraceFileError):
     """A bad Zipkin file: ``line`` (1-based) and ``reason`` without the file name."""
-
-    def __init__(self, file: str, line: int, reason: str) -> None:
-        super().__init__(f"{file}:{line}: {reason}")
-        self.line = line
-        self.reason = reason
-
-
-class _Bad(Exception):
-    def __init__(self, message: str, needle: str = "") -> None:
-        super().__init__(message)
-        self.needle = needle
 
 
 def _spans(doc: Any) -> list[Any]:
     if not isinstance(doc, list):
-        raise _Bad(f"expected a JSON array of Zipkin spans, got {type(doc).__name__}")
+        raise BadEntry(f"expected a JSON array of Zipkin spans, got {type(doc).__name__}")
     if doc and all(isinstance(t, list) for t in doc):  # ListOfTraces
         return [sp for t in doc for sp in t]
     return doc
@@ -68,33 +57,33 @@ def _spans(doc: Any) -> list[Any]:
 
 def _micros(v: Any, what: str, sid: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise _Bad(f"span {sid}: {what} {v!r} is not integer microseconds", str(v))
+        raise BadEntry(f"span {sid}: {what} {v!r} is not integer microseconds", str(v))
     return v
 
 
 def _row(sp: Any, file: str) -> dict[str, Any] | None:
     if not isinstance(sp, dict):
-        raise _Bad(f"span is {type(sp).__name__}, not an object")
+        raise BadEntry(f"span is {type(sp).__name__}, not an object")
     tid, sid, parent = sp.get("traceId"), sp.get("id"), sp.get("parentId")
     if not isinstance(tid, str) or not _TRACE_ID.fullmatch(tid):
-        raise _Bad(f"traceId {tid!r} is not 16 or 32 hex digits", str(tid))
+        raise BadEntry(f"traceId {tid!r} is not 16 or 32 hex digits", str(tid))
     if not isinstance(sid, str) or not _SPAN_ID.fullmatch(sid):
-        raise _Bad(f"id {sid!r} is not 16 hex digits", str(sid))
+        raise BadEntry(f"id {sid!r} is not 16 hex digits", str(sid))
     if parent is not None and (not isinstance(parent, str) or not _SPAN_ID.fullmatch(parent)):
-        raise _Bad(f"span {sid}: parentId {parent!r} is not 16 hex digits", str(parent))
+        raise BadEntry(f"span {sid}: parentId {parent!r} is not 16 hex digits", str(parent))
     if sp.get("timestamp") is None:
         return None  # incomplete (zipkin2-api.yaml: timestamp "possibly absent if incomplete")
     start = _micros(sp["timestamp"], "timestamp", sid)
     dur = _micros(sp.get("duration", 0), "duration", sid)
     if not MIN_NS <= start * 1000 <= MAX_NS:
-        raise _Bad(f"span {sid}: timestamp {start} is not plausible epoch microseconds ({unit_guess(start)})",
+        raise BadEntry(f"span {sid}: timestamp {start} is not plausible epoch microseconds ({unit_guess(start)})",
                    str(start))  # fmt: skip
     tags = sp.get("tags") or {}
     if not isinstance(tags, dict):
-        raise _Bad(f"span {sid}: tags is not an object of strings", sid)
+        raise BadEntry(f"span {sid}: tags is not an object of strings", sid)
     kind = sp.get("kind")
     if kind is not None and kind not in _KINDS:
-        raise _Bad(f"span {sid}: kind {kind!r} is none of {', '.join(_KINDS)}", str(kind))
+        raise BadEntry(f"span {sid}: kind {kind!r} is none of {', '.join(_KINDS)}", str(kind))
     tid32, sid = tid.lower().rjust(32, "0"), sid.lower()
     parent_id = (parent or "").lower()
     if sp.get("shared") is True and kind == "SERVER":
@@ -133,10 +122,8 @@ def zipkin_rows(data: bytes, file: str) -> tuple[list[dict[str, Any]], int]:
                 incomplete += 1
             else:
                 rows.append(row)
-    except _Bad as exc:
-        pos = data.find(exc.needle.encode()) if exc.needle else -1
-        line = data.count(b"\n", 0, pos) + 1 if pos >= 0 else 1
-        raise ZipkinFileError(file, line, str(exc)) from None
+    except BadEntry as exc:
+        raise ZipkinFileError(file, line_of(data, exc.needle), str(exc)) from None
     return rows, incomplete
 
 
