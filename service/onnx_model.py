@@ -25,7 +25,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from stagescope.errors import UserError
+from stagescope.paths import cache_root
 
 __all__ = [
     "RECIPE",
@@ -92,12 +92,6 @@ def recipe_hash() -> str:
     """16 hex digits of SHA-256 over the recipe and the library versions that shape the files."""
     doc = json.dumps({"recipe": RECIPE, "versions": _versions()}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
-
-
-def cache_root() -> Path:
-    """``$STAGESCOPE_CACHE_DIR``, else ``~/.cache/stagescope`` (outside the repository)."""
-    env = os.environ.get("STAGESCOPE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "stagescope"
 
 
 @dataclass(frozen=True)

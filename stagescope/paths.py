@@ -7,7 +7,7 @@ from pathlib import Path
 
 from stagescope.errors import UserError
 
-__all__ = ["ensure_writable_dir", "ensure_writable_file"]
+__all__ = ["cache_root", "ensure_writable_dir", "ensure_writable_file"]
 
 
 def ensure_writable_dir(path: str | os.PathLike[str], what: str) -> Path:
@@ -56,3 +56,10 @@ def ensure_writable_file(path: str | os.PathLike[str], what: str, *, create_pare
     except OSError as exc:
         raise UserError(f"{p}: cannot write {what}: {exc.strerror or exc}") from None
     return p
+
+
+def cache_root() -> Path:
+    """``$STAGESCOPE_CACHE_DIR``, else ``~/.cache/stagescope``: where built engines and generated
+    models are kept between runs (outside the repository)."""
+    env = os.environ.get("STAGESCOPE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "stagescope"

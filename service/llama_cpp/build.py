@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stagescope.errors import UserError
+from stagescope.paths import cache_root
 
 __all__ = [
     "CMAKE_FLAGS",
@@ -77,12 +78,6 @@ VOCAB_FILES = ("ggml-vocab-llama-spm.gguf",)
 #: Bumped when this module's recipe changes in a way the flags do not show.
 RECIPE_VERSION = 1
 SERVER_NAME = "llama-server"
-
-
-def cache_root() -> Path:
-    """``$STAGESCOPE_CACHE_DIR``, else ``~/.cache/stagescope`` (outside the repository)."""
-    env = os.environ.get("STAGESCOPE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "stagescope"
 
 
 def _cpu_flags() -> str:
