@@ -26,6 +26,7 @@ from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
 from stagescope.analysis import plan as P
 from stagescope.analysis import routes as R
+from stagescope.analysis.events import derived_events
 from stagescope.analysis.nodata import no_data_reason
 from stagescope.errors import UserError
 from stagescope.names import (
@@ -163,19 +164,22 @@ def analyze(
     route: str | None = None,
     window: str = B.DEFAULT_WINDOW,
     warnings: list[str] | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Analyse one incident: the pinned report dict (see the module docstring and the README).
 
     ``route`` checks only that route (the SLOs without a route, and those for it). Otherwise each
     SLO is checked on each route it applies to, on its own (see analysis.routes): the report's
-    ``routes`` lists one report per (SLO, route) and the top level is the worst of them."""
+    ``routes`` lists one report per (SLO, route) and the top level is the worst of them.
+    ``events``: deploys, scale events, model swaps and config changes (analysis.events_file), put on
+    the timeline with those the scraped metrics show (analysis.events) and matched to the breaches."""
     con = connection(dataset)
     # the analysis orders whatever it reports itself; unordered intermediate tables are built faster
     row = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()
     con.execute("SET preserve_insertion_order = false")
     try:
         with K.remembering():
-            return _analyze(con, dataset, slo, route, window, warnings)
+            return _analyze(con, dataset, slo, route, window, warnings, events)
     finally:
         con.execute(f"SET preserve_insertion_order = {bool(row and row[0])}")
 
@@ -187,14 +191,16 @@ def _analyze(
     route: str | None,
     window: str,
     warnings: list[str] | None,
+    events: list[dict[str, Any]] | None,
 ) -> dict[str, Any]:
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
     targets, skipped = R.expand(con, R.restrict(_slos(slo), route))
     counters = _server_counters(con)
+    timeline = sorted([*(events or []), *derived_events(con)], key=lambda e: e["time_unix_ms"])
     warns += counters.pop("warnings", [])
     reports = []
     for i, target in enumerate(targets):
-        reports.append(_analyze_one(con, dataset, target, window, counters))
+        reports.append(_analyze_one(con, dataset, target, window, counters, timeline))
         if len(targets) > 1:  # keep each route's breakdown: frames() gives the top level's
             _rename(con, A.BREAKDOWN, f"{A.BREAKDOWN}_{i}")
     top = R.worst(reports)
@@ -228,7 +234,12 @@ def _rename(con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
 
 
 def _analyze_one(
-    con: duckdb.DuckDBPyConnection, dataset: Any, target: R.Target, window: str, counters: dict[str, Any]
+    con: duckdb.DuckDBPyConnection,
+    dataset: Any,
+    target: R.Target,
+    window: str,
+    counters: dict[str, Any],
+    events: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The report of one SLO on one route (``target.slo.route``; None: every request in the SLO's
     scope); its samples are those of ``target.filtered``."""
@@ -260,6 +271,9 @@ def _analyze_one(
         "warnings": warns,
         "sources": _sources(view),
         "sampling": _sampling(view),
+        "events": events,  # analysis.events; event_breaches and event_summary: analysis.context
+        "event_breaches": [],
+        "event_summary": None,
         **(CX.quantile_fields(qs, view) if view.count else CX.empty_fields()),
     }
     if "client_latency_ms" in view.sampling:
@@ -311,7 +325,7 @@ def _analyze_one(
         warns += _unstaged(con, view, attr, report["verdict"])
     # after the levers: their predictions add the settings they are for (reduce-batch-tokens: running_cap)
     report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
-    CX.annotate(con, report, view, attr, ev)
+    CX.annotate(con, report, view, attr, ev, events)
     report["cdf"] = _cdf(con, view)
     report["timeline"] = _timeline(con, view, report["windows"])
     report["slowest"] = _slowest(con, view, attr)

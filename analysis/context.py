@@ -10,7 +10,9 @@ Pinned report keys added here (every per-route report too):
 * per window ``quantile_interval_ms`` (analysis.breach); per attribution row
   ``counterfactual_interval_ms``; per lever ``interval_ms`` beside ``predicted_p99_ms`` and
   ``cost_delta`` (analysis.cost.lever_cost_delta);
-* ``cost`` (analysis.cost.cost_report, or None when the data holds no basis for it).
+* ``cost`` (analysis.cost.cost_report, or None when the data holds no basis for it);
+* ``event_breaches`` and ``event_summary`` (analysis.event_attribution: the breach episodes, the
+  deploy, scale event or model swap each follows, its levers) beside ``events`` (analysis.events).
 
 Intervals respect the samples' weights where the analysis weights them (analysis.intervals:
 Woodruff's effective sample size); with every weight 1 they are the order-statistic intervals.
@@ -26,6 +28,7 @@ from stagescope.analysis import cost as CO
 from stagescope.analysis import intervals as I
 from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView
+from stagescope.analysis.event_attribution import attribute as attribute_events
 
 __all__ = ["annotate", "empty_fields", "quantile_fields"]
 
@@ -76,9 +79,11 @@ def annotate(
     view: SLIView,
     attr: Attribution | None,
     ev: dict[str, Any],
+    events: list[dict[str, Any]] | None = None,
 ) -> None:
     """Add the intervals of the stage counterfactuals and the lever predictions (their values made
-    plain floats for the JSON), the cost and each lever's cost change to ``report`` (in place)."""
+    plain floats for the JSON), the cost and each lever's cost change, and the breaches that follow
+    ``events`` with their levers, to ``report`` (in place)."""
     for r in report.get("attribution", []):
         cf = r.get("counterfactual_ms")
         r["counterfactual_interval_ms"] = _ms(cf)
@@ -92,4 +97,8 @@ def annotate(
         lever = lv.get("lever")
         lv["cost_delta"] = (
             None if lever is None else CO.lever_cost_delta(cost, CO.lever_effect(con, view, attr, ev, lever))
+        )
+    if events and report.get("windows"):
+        report["event_breaches"], report["event_summary"] = attribute_events(
+            con, view, report["windows"], events, ev, cost
         )

@@ -18,6 +18,7 @@ from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.counterfactual import batch_wait_cap_ms, weighted_slope
+from stagescope.analysis.event_rules import EVENT_LEVERS, capacity_effect
 from stagescope.analysis.keys import input_ref
 
 __all__ = ["lever_effect"]
@@ -134,6 +135,8 @@ def lever_effect(
         return _batch_effect(con, view, attr, ev)
     if lever == N.LEVER_REDUCE_BATCH_TOKENS:
         return _decode_effect(con, view)
+    if lever in EVENT_LEVERS:  # pods added on purpose (analysis.event_rules); ev["fleet"] from the events
+        return capacity_effect(lever, ev.get("fleet"))
     if lever == N.LEVER_SPECULATIVE_DECODING:
         return _factor(None, 1.0, "a draft model's tokens cost accelerator time, fewer target steps save it: no "
                        "cost model; measure after applying", "0")  # fmt: skip

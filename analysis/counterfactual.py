@@ -106,6 +106,7 @@ _CAP_TO_BASELINE: dict[str, str] = {
     N.LEVER_SCALE_OUT: N.KIND_QUEUE,
     N.LEVER_CHUNKED_PREFILL: N.KIND_PREFILL,
     N.LEVER_SHRINK_REQUEST: N.KIND_INGRESS,
+    N.LEVER_PREWARMED_PODS: N.KIND_POD_PENDING,  # warm spares: no request waits for a pod beyond the baseline
 }
 
 

@@ -21,7 +21,9 @@ model. Rules are tried top to bottom; the first whose kind matches and whose
 condition holds gives the lever. A lever that changes the model (``quantize``, ``compile-runtime``)
 must also pass the quality gate: when the service exported the accuracy its variant measured on the
 model's eval set and the SLO sets a ``quality_budget``, a lever that costs more accuracy than the
-budget is not acceptable (:func:`rejected` lists it) and the next rule gives the lever.
+budget is not acceptable (:func:`rejected` lists it) and the next rule gives the lever. Rows keyed by
+an event kind (``names.EVENT_KINDS``) are for breaches that follow a deploy, scale event or model swap
+(analysis.event_rules, analysis.event_attribution).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from stagescope import names as N
 from stagescope.analysis import engine_rules as ER
+from stagescope.analysis import event_rules as EV
 from stagescope.analysis import quality as QL
 
 __all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
@@ -249,6 +252,7 @@ RULES: tuple[Rule, ...] = (
     Rule(N.KIND_COLD_START, N.LEVER_PREWARM, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; {_pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
         "load. Load the model before the instance reports ready.")),
+    Rule(N.KIND_POD_PENDING, N.LEVER_PREWARMED_PODS, _always, EV.pod_pending_why),
     Rule(N.KIND_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
@@ -341,6 +345,13 @@ RULES: tuple[Rule, ...] = (
             f"The server spends this time taking requests in ({st}): send smaller inputs (binary tensor "
             "data instead of JSON, fewer and smaller tensors)."))
     )),
+    # events (analysis.event_attribution, keyed by the event's kind): the breach follows a rollout,
+    # a scale event, a model swap or a config change
+    Rule(N.EVENT_DEPLOY, N.LEVER_SURGE_READINESS, _always, EV.deploy_why),
+    Rule(N.EVENT_SCALE, None, EV.scaled_down, EV.scale_down_why),
+    Rule(N.EVENT_SCALE, N.LEVER_PREWARMED_PODS, _always, EV.scale_up_why),
+    Rule(N.EVENT_MODEL_SWAP, N.LEVER_SCALE_AHEAD, _always, EV.model_swap_why),
+    Rule(N.EVENT_CONFIG, None, _always, EV.config_why),
 )  # fmt: skip
 
 

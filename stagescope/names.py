@@ -40,6 +40,11 @@ STAGE_COMPUTE_INPUT: Final = "compute_input"  # input tensors copied / prepared 
 STAGE_COMPUTE_OUTPUT: Final = (
     "compute_output"  # output tensors copied / prepared after the model (from the GPU)
 )
+# s4-events: time a request was held for capacity that did not exist yet, while the service's new pods
+# were Pending (scheduling, image pull, start, model load): a gateway or activator in front of the
+# service (e.g. Knative's activator buffering requests during a scale-from-zero) marks it with a stage
+# span named pod_pending, or any stage span carrying stagescope.stage.kind = pod_pending.
+STAGE_POD_PENDING: Final = "pod_pending"
 
 STAGES: Final[tuple[str, ...]] = (
     STAGE_NETWORK,
@@ -59,9 +64,12 @@ STAGES: Final[tuple[str, ...]] = (
     STAGE_COMPUTE_OUTPUT,
     STAGE_FRONT_END,
     STAGE_GATEWAY,
+    STAGE_POD_PENDING,
 )
 #: Stages that are waiting rather than working: tail latency mostly lives here.
-WAITING_STAGES: Final[frozenset[str]] = frozenset({STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START})
+WAITING_STAGES: Final[frozenset[str]] = frozenset(
+    {STAGE_BATCH_WAIT, STAGE_QUEUE, STAGE_COLD_START, STAGE_POD_PENDING}
+)
 #: Time in no stage, reported by the analysis (never emitted by instrumentation).
 UNATTRIBUTED: Final = "unattributed"
 
@@ -86,6 +94,8 @@ STAGE_DESCRIPTIONS: Final[dict[str, str]] = {
     STAGE_DESERIALIZE: "the server's frontend parsing the request into input tensors",
     STAGE_COMPUTE_INPUT: "copying / preparing input tensors for the model (host to GPU)",
     STAGE_COMPUTE_OUTPUT: "copying / preparing output tensors after the model (GPU to host)",
+    STAGE_POD_PENDING: "held for capacity while the service's new pods were Pending (scheduling, image "
+    "pull, start, model load)",
 }
 
 # --------------------------------------------------------------------------------------------------
@@ -104,6 +114,7 @@ KIND_NETWORK: Final = "network"
 KIND_INGRESS: Final = "ingress"
 KIND_EGRESS: Final = "egress"
 KIND_COLD_START: Final = "cold_start"
+KIND_POD_PENDING: Final = "pod_pending"  # s4-events: held while new pods were Pending (see STAGE_POD_PENDING)
 KIND_UNKNOWN: Final = "unknown"  # named by no one: never passed as kind=, only reported
 
 #: The kinds a stage may be given (``stagescope.stage(name, kind=...)``), in vocabulary order.
@@ -119,6 +130,7 @@ KINDS: Final[tuple[str, ...]] = (
     KIND_INGRESS,
     KIND_EGRESS,
     KIND_COLD_START,
+    KIND_POD_PENDING,
 )
 KIND_DESCRIPTIONS: Final[dict[str, str]] = {
     KIND_FETCH: "reading data the request needs from another store or service (feature store, cache, "
@@ -137,6 +149,8 @@ KIND_DESCRIPTIONS: Final[dict[str, str]] = {
     "tensors, copying inputs to the device): cut by smaller requests",
     KIND_EGRESS: "serializing, copying out and writing the response: cut by smaller responses",
     KIND_COLD_START: "waiting for a model load: cut by prewarming",
+    KIND_POD_PENDING: "held for capacity while new pods were Pending (scheduling, image pull, model load): "
+    "cut by warm spare pods",
     KIND_UNKNOWN: "a stage whose kind nobody named: the analysis reports it and chooses no lever",
 }
 #: The kind each built-in stage implies.
@@ -158,6 +172,7 @@ STAGE_KINDS: Final[dict[str, str]] = {
     STAGE_COMPUTE_OUTPUT: KIND_EGRESS,
     STAGE_FRONT_END: KIND_CPU,  # an engine's API server: parsing, chat template, tokenization, IPC
     STAGE_GATEWAY: KIND_NETWORK,  # a proxy in front of the engine, and the network to it
+    STAGE_POD_PENDING: KIND_POD_PENDING,
 }
 #: Stage names past a process's cap of custom names are recorded under this one name (their kind is
 #: kept), and counted in METRIC_STAGES_FOLDED.
@@ -200,6 +215,20 @@ LEVER_KV_CACHE_HEADROOM: Final = "kv-cache-headroom"
 #: replicas; SGLang's radix cache is on unless ``--disable-radix-cache``).
 LEVER_PREFIX_CACHING: Final = "prefix-caching"
 LEVER_SHRINK_REQUEST: Final = "shrink-request"
+# s4-events: deploys, scale events and model swaps (analysis.events, analysis.event_rules): what makes a
+# rollout, a scale-up or a model swap invisible to clients.
+#: Roll out with maxSurge (new pods start before old ones stop; maxUnavailable 0) and a readiness probe
+#: that passes only once the model is loaded and warm (Kubernetes Deployment
+#: spec.strategy.rollingUpdate.maxSurge / maxUnavailable; container readinessProbe), so no request
+#: reaches a pod that cannot serve it yet and serving capacity never drops during the rollout.
+LEVER_SURGE_READINESS: Final = "surge-with-readiness"
+#: Keep warm spare capacity so a scale-up does not wait for scheduling, image pull and model load:
+#: low-priority placeholder pods that real pods preempt (a PriorityClass with a negative value, the
+#: cluster-autoscaler's "overprovisioning" pattern), or an HPA minReplicas above the usual floor.
+LEVER_PREWARMED_PODS: Final = "prewarmed-pods"
+#: Add replicas before a model swap (or a planned rollout) so the remaining capacity covers the pods
+#: that are reloading, swap them a few at a time behind readiness, then scale back.
+LEVER_SCALE_AHEAD: Final = "scale-ahead-of-swap"
 
 LEVERS: Final[tuple[str, ...]] = (
     LEVER_CACHE_FEATURES,
@@ -219,6 +248,9 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_CAP_OUTPUT_TOKENS,
     LEVER_KV_CACHE_HEADROOM,
     LEVER_PREFIX_CACHING,
+    LEVER_SURGE_READINESS,
+    LEVER_PREWARMED_PODS,
+    LEVER_SCALE_AHEAD,
 )
 
 #: The order a plan applies levers in when one is not enough (analysis.plan): phase -> its levers,
@@ -237,12 +269,56 @@ LEVER_PHASES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
         LEVER_CAP_BATCH_WAIT, LEVER_REDUCE_BATCH_TOKENS, LEVER_CHUNKED_PREFILL, LEVER_SPECULATIVE_DECODING,
     )),
     ("caching", (LEVER_CACHE_FEATURES, LEVER_CACHE_RESULTS, LEVER_PREFIX_CACHING)),
-    ("capacity", (LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS)),
+    ("capacity", (
+        LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS, LEVER_SURGE_READINESS, LEVER_PREWARMED_PODS,
+        LEVER_SCALE_AHEAD,
+    )),
 )  # fmt: skip
 #: ``report["plan_status"]``: the plan's last step meets the SLO, or the levers ran out first
 #: (``report["plan_left"]`` then says what is left); None when one lever is enough (no plan).
 PLAN_MET: Final = "met"
 PLAN_NOT_MET: Final = "not_met"
+
+# --------------------------------------------------------------------------------------------------
+# s4-events. Events: deploys, scale events, model swaps and config changes the analysis puts on the
+# timeline (``analyze --events FILE``: JSON lines ``{time, kind, ...}``; kube-state-metrics series;
+# stagescope's own model-load counter). A breach that follows an event is attributed to it.
+# --------------------------------------------------------------------------------------------------
+EVENT_DEPLOY: Final = "deploy"  # a rollout: new pods replace old ones (deployment generation change)
+EVENT_SCALE: Final = "scale"  # replicas added or removed (HPA, kubectl scale); pods Pending while added
+EVENT_MODEL_SWAP: Final = "model_swap"  # a model (re)loaded or replaced in running pods
+EVENT_CONFIG: Final = "config"  # a configuration change (batching, limits, flags) without a rollout
+EVENT_KINDS: Final[tuple[str, ...]] = (EVENT_DEPLOY, EVENT_SCALE, EVENT_MODEL_SWAP, EVENT_CONFIG)
+EVENT_SOURCE_FILE: Final = "events-file"  # analyze --events FILE
+EVENT_SOURCE_KSM: Final = "kube-state-metrics"  # scraped kube-state-metrics series
+EVENT_SOURCE_STAGESCOPE: Final = "stagescope"  # stagescope's own metrics (model loads)
+
+# kube-state-metrics (kubernetes/kube-state-metrics docs/metrics/workload/deployment-metrics.md and
+# pod-metrics.md): gauges; deployments labelled namespace and deployment, pods namespace, pod and uid;
+# times are Unix seconds.
+KSM_DEPLOYMENT_GENERATION: Final = "kube_deployment_metadata_generation"  # desired state's generation
+KSM_DEPLOYMENT_OBSERVED_GENERATION: Final = "kube_deployment_status_observed_generation"  # controller saw it
+KSM_DEPLOYMENT_SPEC_REPLICAS: Final = "kube_deployment_spec_replicas"  # desired pods
+KSM_DEPLOYMENT_REPLICAS: Final = "kube_deployment_status_replicas"  # pods (old and new)
+KSM_DEPLOYMENT_REPLICAS_AVAILABLE: Final = "kube_deployment_status_replicas_available"
+KSM_DEPLOYMENT_REPLICAS_UNAVAILABLE: Final = "kube_deployment_status_replicas_unavailable"
+KSM_DEPLOYMENT_REPLICAS_UPDATED: Final = "kube_deployment_status_replicas_updated"  # pods of the new template
+KSM_DEPLOYMENT_MAX_SURGE: Final = "kube_deployment_spec_strategy_rollingupdate_max_surge"  # pods over spec
+KSM_POD_PHASE: Final = "kube_pod_status_phase"  # 1 for the pod's phase label, 0 for the others
+KSM_POD_CREATED: Final = "kube_pod_created"  # Unix creation time (s)
+KSM_POD_SCHEDULED_TIME: Final = "kube_pod_status_scheduled_time"  # Unix time the pod was scheduled (s)
+KSM_LABEL_NAMESPACE: Final = "namespace"
+KSM_LABEL_DEPLOYMENT: Final = "deployment"
+KSM_LABEL_POD: Final = "pod"
+KSM_LABEL_PHASE: Final = "phase"
+KSM_PHASE_PENDING: Final = "Pending"
+#: Every kube-state-metrics series the analysis reads (a live Prometheus is range-queried for these,
+#: and for kube_pod_status_phase{phase="Pending"}).
+KSM_METRICS: Final[tuple[str, ...]] = (
+    KSM_DEPLOYMENT_GENERATION, KSM_DEPLOYMENT_OBSERVED_GENERATION, KSM_DEPLOYMENT_SPEC_REPLICAS,
+    KSM_DEPLOYMENT_REPLICAS, KSM_DEPLOYMENT_REPLICAS_AVAILABLE, KSM_DEPLOYMENT_REPLICAS_UNAVAILABLE,
+    KSM_DEPLOYMENT_REPLICAS_UPDATED, KSM_DEPLOYMENT_MAX_SURGE, KSM_POD_CREATED, KSM_POD_SCHEDULED_TIME,
+)  # fmt: skip
 
 # --------------------------------------------------------------------------------------------------
 # SLIs: which latency an SLO is about.

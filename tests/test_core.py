@@ -18,12 +18,14 @@ def test_vocabularies_are_the_pinned_ones() -> None:
         "network", "feature_fetch", "preprocess", "batch_wait", "queue", "compute",
         "prefill", "decode", "postprocess", "egress", "cold_start",
         "receive", "deserialize", "compute_input", "compute_output", "front_end", "gateway",
+        "pod_pending",
     )  # fmt: skip
     assert names.LEVERS == (
         "cache-features", "cache-results", "offload-preprocessing", "cap-batch-wait",
         "reduce-batch-tokens", "scale-out", "prewarm", "quantize", "compile-runtime",
         "shrink-response", "chunked-prefill", "speculative-decoding", "shrink-request",
         "more-api-servers", "cap-output-tokens", "kv-cache-headroom", "prefix-caching",
+        "surge-with-readiness", "prewarmed-pods", "scale-ahead-of-swap",
     )  # fmt: skip
 
 
