@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stagescope.errors import EXIT_NO_DATA, UserError
 from stagescope.names import STATUS_NO_DATA
-from stagescope.validate import http_url
+from stagescope.validate import http_url, readable_file
 
 __all__ = ["register", "run"]
 
@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--window", default="1m", help="breach-detection window (default 1m)")
     p.add_argument(
+        "--events", metavar="FILE", type=readable_file,
+        help="deploys, scale events, model swaps and config changes as JSON lines {time, kind: "
+        "deploy|scale|model_swap|config, target, description, ...}: put on the timeline (with those "
+        "kube-state-metrics series show) and matched to the breaches that follow them",
+    )  # fmt: skip
+    p.add_argument(
         "--skip-bad", action="store_true", help="warn about bad files or lines and analyse the rest"
     )
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default text)")
@@ -85,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0.001 <= window_s <= 366 * 86400:  # the windows are whole nanoseconds, at least one sample wide
         raise UserError(f"bad --window {args.window[:40]!r}: must be from 1ms to 366d")
     out = _check_inputs(args)
+    events = None
+    if args.events is not None:  # read and checked in full before any trace is read
+        from stagescope.analysis.events_file import read_events_file
+
+        events = read_events_file(args.events)
     try:
         from stagescope.analysis.ingest import load_dataset
     except ImportError as exc:  # the ingest part is a separate module of this package
@@ -93,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         traces=args.traces, metrics=args.metrics, results=args.results,
         prometheus=args.prometheus, skip_bad=args.skip_bad,
     )  # fmt: skip
-    report = analyze(ds, slos, route=args.route, window=args.window)
+    report = analyze(ds, slos, route=args.route, window=args.window, events=events)
     text = render(report, args.format)
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -15,7 +15,8 @@ an event when
 Of several such events the one whose aftermath holds most of those samples wins (the latest on a tie).
 An attributed episode (``report["event_breaches"]``) carries ``event`` (its index in
 ``report["events"]``), ``event_kind``, ``event_description``, ``after_event_s`` (its first sample over
-the threshold, seconds after the event), ``aftermath_share`` and ``levers``; one that follows no event
+the threshold, seconds after the event: after the scrape before the one that saw it, for an event
+seen in scraped series), ``aftermath_share`` and ``levers``; one that follows no event
 carries ``event`` None and ``why`` not. Each lever's prediction: the SLO quantile had the samples in
 the event's aftermath been like the rest (the quantile of the samples outside it, with its interval),
 and its cost change (analysis.cost, from analysis.event_rules.capacity_effect).
@@ -140,7 +141,7 @@ def attribute(
             entry.update(
                 event=i, event_kind=event["kind"], event_description=event["description"],
                 event_time=utc(event["time_unix_ms"]),
-                after_event_s=round((int(first) - event["time_unix_ms"]) / 1000.0, 1),
+                after_event_s=round((int(first) - spans[i][0]) / 1000.0, 1),
                 aftermath_share=round(n_in / n_bad, 4),
             )  # fmt: skip
             entry["levers"] = _levers(con, view, event, entry, ev, cost, span_ms)

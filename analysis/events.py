@@ -67,6 +67,12 @@ def _changes(points: list[tuple[int | None, float]]) -> list[tuple[int, float, f
     return [(t, a, b) for (_, a), (t, b) in pairwise(timed) if b != a]
 
 
+def _since(points: list[tuple[int | None, float]], ts: int) -> int | None:
+    """The scrape before ``ts`` (the change happened after it): the earliest the event can be."""
+    got = [t for t, _ in points if t is not None and t < ts]
+    return got[-1] if got else None
+
+
 def _at(points: list[tuple[int | None, float]], ts: int) -> float | None:
     """The value as of ``ts`` (the last sample at or before it)."""
     got = [v for t, v in points if t is not None and t <= ts]
@@ -110,6 +116,7 @@ def _deployment_events(series: dict[str, dict[tuple[Any, ...], list[tuple[int | 
         for t, a, b in _changes(specs.get(key, [])):
             scale_times.add(t)
             out.append(_event(t, N.EVENT_SCALE, N.EVENT_SOURCE_KSM, target=target,
+                              since_unix_ms=_since(specs.get(key, []), t),
                               description=f"{target} scaled {a:g} -> {b:g} replicas ({N.KSM_DEPLOYMENT_SPEC_REPLICAS})",
                               replicas_from=int(a), replicas_to=int(b)))  # fmt: skip
         for t, a, b in _changes(gens.get(key, [])):
@@ -123,7 +130,8 @@ def _deployment_events(series: dict[str, dict[tuple[Any, ...], list[tuple[int | 
             out.append(_event(t, N.EVENT_DEPLOY, N.EVENT_SOURCE_KSM, end_ms=end, target=target,
                               description=f"{target} rollout, generation {a:g} -> {b:g} ({N.KSM_DEPLOYMENT_GENERATION})"
                               + ("" if end is not None else "; not complete by the last scrape"),
-                              generation_from=int(a), generation_to=int(b)))  # fmt: skip
+                              generation_from=int(a), generation_to=int(b),
+                              since_unix_ms=_since(gens.get(key, []), t)))  # fmt: skip
     return out
 
 
@@ -210,7 +218,7 @@ def _model_swaps(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
             back = [rt for rt, v in ready.get(key, []) if rt is not None and rt >= t and v >= 1]
             out.append(_event(t, N.EVENT_MODEL_SWAP, N.EVENT_SOURCE_STAGESCOPE, end_ms=back[0] if back else None,
                               target=model, description=f"model {model} (re)loaded ({N.METRIC_MODEL_LOADS} "
-                              f"{a:g} -> {b:g})", loads=int(b - a)))  # fmt: skip
+                              f"{a:g} -> {b:g})", loads=int(b - a), since_unix_ms=_since(pts, t)))  # fmt: skip
     return out
 
 
@@ -261,11 +269,14 @@ def fleet_facts(
 
 
 def aftermath(event: dict[str, Any]) -> tuple[int, int]:
-    """The event's aftermath (Unix ms): from its time to :data:`AFTERMATH_S` after its end (or its
-    time, when it has no end)."""
+    """The event's aftermath (Unix ms): from its time (for an event seen in scrapes, the scrape before
+    the one that saw it: ``detail.since_unix_ms``) to :data:`AFTERMATH_S` after its end (or its time,
+    when it has no end)."""
     t = int(event["time_unix_ms"])
+    since = (event.get("detail") or {}).get("since_unix_ms")
     end = event.get("end_unix_ms")
-    return t, int((t if end is None else max(t, int(end))) + AFTERMATH_S * 1000)
+    start = t if since is None else min(t, int(since))
+    return start, int((t if end is None else max(t, int(end))) + AFTERMATH_S * 1000)
 
 
 def utc(ms: int) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "integer",
     "number",
     "port",
+    "readable_file",
     "route",
 ]
 
@@ -203,6 +204,18 @@ def host(text: str) -> str:
         raise argparse.ArgumentTypeError("an address must not be empty (0.0.0.0 listens on every interface)")
     if _CONTROL.search(text) or any(c.isspace() for c in text) or len(text) > 255:
         raise argparse.ArgumentTypeError(f"not an address: {text[:80]!r}")
+    return text
+
+
+def readable_file(text: str) -> str:
+    """An argparse ``type`` for a file the command will read (``--events FILE``): it exists and is a
+    regular file (not a folder); its content is checked by its reader, still before any work."""
+    if not text or _CONTROL.search(text):
+        raise argparse.ArgumentTypeError(f"not a file name: {text[:80]!r}")
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text[:200]}: no such file")
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text[:200]}: not a regular file")
     return text
 
 

@@ -183,6 +183,26 @@ _ONE_LINE_SLOS: list[tuple[str, str, str]] = [
 ]
 
 _ANALYZE = ("analyze", "--traces", "{traces}")
+_EV_OK = '{"time": "2026-11-20T12:00:05Z", "kind": "deploy", "target": "ranker"}\n'
+# Events files `analyze --events` must refuse, naming the file and the line: (id, content, match).
+_EVENT_FILES: list[tuple[str, str | bytes, str]] = [
+    ("bad-json", _EV_OK + '{"time": "2026-11-20T12:01:00Z", "kind": \n', r"ev.jsonl:2: not JSON"),
+    ("not-object", "[1, 2]\n", r"ev.jsonl:1: expected a JSON object with 'time' and 'kind', got list"),
+    ("unknown-kind", '{"time": "2026-11-20T12:00:05Z", "kind": "restart"}\n',
+     r"ev.jsonl:1: unknown kind 'restart'; expected one of deploy, scale, model_swap, config"),
+    ("missing-time", '{"kind": "scale"}\n', r"ev.jsonl:1: missing 'time'"),
+    ("missing-kind", '{"time": 1763640005}\n', r"ev.jsonl:1: missing 'kind'"),
+    ("time-no-zone", '{"time": "2026-11-20T12:00:05", "kind": "deploy"}\n', r"ev.jsonl:1: 'time' .* has no time zone"),
+    ("time-garbage", '{"time": "yesterday", "kind": "deploy"}\n', r"ev.jsonl:1: 'time' 'yesterday' is not an RFC 3339 time"),
+    ("time-millis", '{"time": 1763640005000, "kind": "deploy"}\n', r"ev.jsonl:1: 'time' 1763640005000 looks like milliseconds"),
+    ("time-nan", '{"time": NaN, "kind": "deploy"}\n', r"ev.jsonl:1: 'time' nan is not a Unix time"),
+    ("time-bool", '{"time": true, "kind": "deploy"}\n', r"ev.jsonl:1: 'time' must be an RFC 3339 time or Unix seconds"),
+    ("end-before-time", '{"time": 1763640005, "end": 1763640000, "kind": "deploy"}\n', r"ev.jsonl:1: 'end' is before 'time'"),
+    ("replicas-negative", '{"time": 1763640005, "kind": "scale", "replicas_to": -1}\n',
+     r"ev.jsonl:1: 'replicas_to' must be a whole number of replicas"),
+    ("target-number", '{"time": 1763640005, "kind": "scale", "target": 3}\n', r"ev.jsonl:1: 'target' must be a string"),
+    ("binary", b"\xff\xfe\x00garbage", r"ev.jsonl: not UTF-8 text"),
+]
 _LOAD = ("load", "--url", "{dead}", "--out", "{tmp}/r.parquet")
 _SYN = ("--rate", "10", "--duration", "1")
 _ALERTS = ("alerts", "build", "--out", "{tmp}/rules")
@@ -209,6 +229,13 @@ CLI_ROWS: list[Cli] = [
     Cli("analyze-window-1000w", (*_ANALYZE, "--slo", "p99<300ms", "--window", "1000w"), r"must be from 1ms to 366d"),
     Cli("analyze-window-nan", (*_ANALYZE, "--slo", "p99<300ms", "--window", "nan"), r"bad --window"),
     Cli("analyze-window-huge", (*_ANALYZE, "--slo", "p99<300ms", "--window", "9" * 400 + "s"), r"bad --window: .*finite"),
+    # -- analyze --events FILE (deploys, scale events, model swaps: analysis/events_file.py) ----------------
+    Cli("analyze-events-missing", (*_ANALYZE, "--slo", "p99<300ms", "--events", "{tmp}/ev.jsonl"),
+        r"argument --events: .*ev.jsonl: no such file"),
+    Cli("analyze-events-directory", (*_ANALYZE, "--slo", "p99<300ms", "--events", "{tmp}"),
+        r"argument --events: .*not a regular file"),
+    *[Cli(f"analyze-events-{i}", (*_ANALYZE, "--slo", "p99<300ms", "--events", "{tmp}/ev.jsonl"), m,
+          files={"ev.jsonl": text}) for i, text, m in _EVENT_FILES],
     Cli("analyze-traces-missing", ("analyze", "--traces", "{tmp}/nope.jsonl", "--slo", "p99<300ms"), r"nope.jsonl"),
     Cli("analyze-traces-binary", ("analyze", "--traces", "{tmp}/b.bin", "--slo", "p99<300ms"), r"b.bin",
         files={"b.bin": _BINARY}),

@@ -80,6 +80,9 @@ RAW_METRICS: tuple[str, ...] = (
     N.SGLANG_SPEC_ACCEPT_RATE,
     N.SGLANG_PROMPT_TOKENS,
     N.SGLANG_CACHED_TOKENS,
+    # deploys and scale events (analysis/events.py): kube-state-metrics deployment and pod series
+    *N.KSM_METRICS,
+    f'{N.KSM_POD_PHASE}{{{N.KSM_LABEL_PHASE}="{N.KSM_PHASE_PENDING}"}}',  # the Pending pods only
 )
 BATCH_SIZE_MEAN = f"{N.METRIC_BATCH_SIZE}:mean"
 
