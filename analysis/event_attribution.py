@@ -17,7 +17,8 @@ An attributed episode (``report["event_breaches"]``) carries ``event`` (its inde
 ``report["events"]``), ``event_kind``, ``event_description``, ``after_event_s`` (its first sample over
 the threshold, seconds after the event: after the scrape before the one that saw it, for an event
 seen in scraped series), ``aftermath_share`` and ``levers``; one that follows no event
-carries ``event`` None and ``why`` not. Each lever's prediction: the SLO quantile had the samples in
+carries ``event`` None and ``why`` not. An attributed episode after breached windows that follow no
+event carries a ``caveat``: the breach also happens without the event. Each lever's prediction: the SLO quantile had the samples in
 the event's aftermath been like the rest (the quantile of the samples outside it, with its interval),
 and its cost change (analysis.cost, from analysis.event_rules.capacity_effect).
 """
@@ -31,7 +32,7 @@ import duckdb
 from stagescope.analysis import cost as CO
 from stagescope.analysis import levers as L
 from stagescope.analysis.breach import SLIView
-from stagescope.analysis.events import aftermath, fleet_facts, utc
+from stagescope.analysis.events import aftermath, fleet_facts, when
 from stagescope.analysis.interval_sql import quantile_estimates
 from stagescope.analysis.intervals import interval_of
 
@@ -140,11 +141,15 @@ def attribute(
             event = events[i]
             entry.update(
                 event=i, event_kind=event["kind"], event_description=event["description"],
-                event_time=utc(event["time_unix_ms"]),
+                event_time=when(event),
                 after_event_s=round((int(first) - spans[i][0]) / 1000.0, 1),
                 aftermath_share=round(n_in / n_bad, 4),
             )  # fmt: skip
             entry["levers"] = _levers(con, view, event, entry, ev, cost, span_ms)
+            earlier = sum(x["windows"] for x in out if x["event"] is None)
+            if earlier:
+                entry["caveat"] = (f"{earlier} earlier breached window(s) follow no event: the breach also "
+                                   "happens without it, so the event may not be its only cause")  # fmt: skip
         out.append(entry)
     return out, _summary(con, view, spans, w)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagescope import names as N
-from stagescope.analysis.events import utc
+from stagescope.analysis.events import when
 
 __all__ = [
     "EVENT_LEVERS",
@@ -54,7 +54,7 @@ def _event_line(ev: Evidence) -> str:
     if not e:
         return "an event"
     return (
-        f"{e['description']} at {utc(e['time_unix_ms'])} ({e['source']}); the breached windows' first sample "
+        f"{e['description']} {when(e)} ({e['source']}); the breached windows' first sample "
         f"over the threshold came {_n(ep.get('after_event_s'), ' s')} after it and "
         f"{float(ep.get('aftermath_share') or 0.0):.0%} of their {_n(ep.get('bad_samples'))} samples over the "
         "threshold came in its aftermath"

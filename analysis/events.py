@@ -38,7 +38,7 @@ from stagescope import names as N
 from stagescope.analysis.breach import sql_str
 from stagescope.analysis.events_file import make_event as _event
 
-__all__ = ["AFTERMATH_S", "aftermath", "derived_events", "fleet_facts", "utc"]
+__all__ = ["AFTERMATH_S", "aftermath", "derived_events", "fleet_facts", "utc", "when"]
 
 #: How long after an event (after its end, where it has one: a rollout complete, a model ready again)
 #: its effects are looked for: the warm-up of new pods and caches after them.
@@ -277,6 +277,13 @@ def aftermath(event: dict[str, Any]) -> tuple[int, int]:
     end = event.get("end_unix_ms")
     start = t if since is None else min(t, int(since))
     return start, int((t if end is None else max(t, int(end))) + AFTERMATH_S * 1000)
+
+
+def when(event: dict[str, Any]) -> str:
+    """``at T``, or ``between S and T`` for an event seen in scrapes (it happened after the scrape S)."""
+    since = (event.get("detail") or {}).get("since_unix_ms")
+    t = int(event["time_unix_ms"])
+    return f"at {utc(t)}" if since is None or int(since) >= t else f"between {utc(int(since))} and {utc(t)}"
 
 
 def utc(ms: int) -> str:

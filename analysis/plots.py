@@ -106,6 +106,12 @@ def timeline_png(report: dict[str, Any]) -> bytes | None:
     ax.plot(xs, [w["quantile_ms"] for w in tl], marker="o", ms=3, color=TAIL, label=f"p{q * 100:g}")
     ax.plot(xs, [w["p50_ms"] for w in tl], color=BASE, lw=1, label="p50")
     ax.axhline(report["slo"]["threshold_ms"], color="#555555", ls="--", label="threshold")
+    for i, ev in enumerate(report.get("events") or []):  # deploys, scale events, model swaps
+        x = (ev["time_unix_ms"] - t0) / 1000.0
+        for a in (ax, ax2):
+            a.axvline(x, color="#d62728", ls=":", lw=1, label=None if i or a is ax2 else "event")
+        ax.annotate(ev["kind"], (x, 1.0), xycoords=("data", "axes fraction"), fontsize=7, color="#d62728",
+                    rotation=90, va="top", ha="right")  # fmt: skip
     ax.set_ylabel("ms")
     ax.set_title(f"{_what(report)} over time ({tl[0]['seconds']:g} s windows)")
     ax.legend(loc="upper right", fontsize=8)

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from stagescope.analysis import report_context as RC
+from stagescope.analysis.event_report import event_html, event_lines
 from stagescope.analysis.plan_report import plan_html, plan_lines
 from stagescope.names import (
     KIND_UNKNOWN,
@@ -171,6 +172,7 @@ def to_text(report: dict[str, Any]) -> str:
     if cost := RC.cost_lines(report):
         out += ["", *cost]
     out += plan_lines(report)
+    out += event_lines(report)
     out += counter_lines(report)
     out += route_lines(report)
     bad = [w for w in report.get("windows", []) if w["breached"]]
@@ -364,6 +366,7 @@ def to_html(report: dict[str, Any]) -> str:
             plots.timeline_png(report), "quantile over time with queue depth and utilization", "plot-timeline"
         ),
         _table(*RC.window_rows(report)),
+        event_html(report),
         "<h2>Slowest traces</h2>",
         _img(plots.slowest_png(report), "slowest requests by stage", "plot-slowest"),
         _table(["trace id", "ms", "largest stages (ms)"], slow_rows),

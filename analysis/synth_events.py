@@ -20,6 +20,7 @@ with the event made invisible (the requests it slowed served like the others), f
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def _layout(trace: np.ndarray, start_ns: np.ndarray, durs: list[tuple[str, np.nd
 
 
 def _ksm(
-    t0_ms: int, dur_s: float, state: Any, pods: list[tuple[str, float, float | None, float | None]]
+    t0_ms: int, dur_s: float, state: Any, pods: Sequence[tuple[str, float, float | None, float | None]]
 ) -> list[tuple[str, dict[str, str], float, int]]:
     """kube-state-metrics samples every :data:`SCRAPE_S` seconds: ``state(t_s)`` gives the deployment's
     ``{metric: value}``; ``pods``: ``(name, created_s, scheduled_s, running_s)`` (None: not yet)."""
