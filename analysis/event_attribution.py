@@ -13,6 +13,7 @@ an event when
   aftermath (counted by their sampling weight where they carry one).
 
 Of several such events the one whose aftermath holds most of those samples wins (the latest on a tie).
+With events, each window gets ``event``: the index of the event its breach follows, or None.
 An attributed episode (``report["event_breaches"]``) carries ``event`` (its index in
 ``report["events"]``), ``event_kind``, ``event_description``, ``after_event_s`` (its first sample over
 the threshold, seconds after the event: after the scrape before the one that saw it, for an event
@@ -151,6 +152,9 @@ def attribute(
                 entry["caveat"] = (f"{earlier} earlier breached window(s) follow no event: the breach also "
                                    "happens without it, so the event may not be its only cause")  # fmt: skip
         out.append(entry)
+    for win in windows:  # per window: the event its breach follows (None: met, or follows none)
+        t = int(win["start_unix_ms"])
+        win["event"] = next((x["event"] for x in out if x["start_unix_ms"] <= t < x["end_unix_ms"]), None)
     return out, _summary(con, view, spans, w)
 
 

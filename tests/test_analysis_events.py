@@ -54,6 +54,8 @@ def test_incident_from_kube_state_metrics_is_attributed_to_its_event(name: str) 
     attributed = [eb for eb in rep["event_breaches"] if eb["event"] is not None]
     assert len(attributed) == 1 and attributed[0]["event_kind"] == inc.event_kind
     eb = attributed[0]
+    # per window: "the breach in window W follows event 0"
+    assert [w["event"] for w in rep["windows"]] == [0 if w["breached"] else None for w in rep["windows"]]
     assert eb["aftermath_share"] >= 0.9 and 0 <= eb["after_event_s"] <= 30
     (lv,) = eb["levers"]
     assert lv["lever"] == inc.lever
