@@ -238,3 +238,59 @@ def test_event_levers_fire_on_no_engine_fault(tmp_path: Path, fault: str, layout
     rep = analyze(ds, "ttft:p95<500ms")
     assert rep["events"] == [] and not (_levers(rep) & EVENT_LEVERS)
     ds.close()
+
+
+def _ksm_exposition(tmp_path: Path) -> Path:
+    """Four scrapes of kube-state-metrics' text exposition, lines as its own store tests write them
+    (kubernetes/kube-state-metrics internal/store/deployment_test.go and pod_test.go: HELP/TYPE lines,
+    labels in its order), with millisecond timestamps: depl1's generation rises at the third scrape, a
+    new pod is Pending at it and Running at the fourth."""
+    t0 = T0_MS
+    gen = [21, 21, 22, 22]
+    upd = [200, 200, 150, 200]
+    unav = [0, 0, 10, 0]
+    lines = [
+        "# HELP kube_deployment_metadata_generation Sequence number representing a specific generation of the desired state.",
+        "# TYPE kube_deployment_metadata_generation gauge",
+        "# HELP kube_pod_status_phase The pods current phase.",
+        "# TYPE kube_pod_status_phase gauge",
+    ]
+    pod = 'namespace="ns1",pod="depl1-7b9f6c8d5-x2kqp",uid="uid1"'
+    for i in range(4):
+        ts = t0 + i * 15_000
+        lines += [
+            f'kube_deployment_metadata_generation{{namespace="ns1",deployment="depl1"}} {gen[i]} {ts}',
+            f'kube_deployment_status_observed_generation{{namespace="ns1",deployment="depl1"}} {gen[i]} {ts}',
+            f'kube_deployment_spec_replicas{{namespace="ns1",deployment="depl1"}} 200 {ts}',
+            f'kube_deployment_status_replicas_updated{{namespace="ns1",deployment="depl1"}} {upd[i]} {ts}',
+            f'kube_deployment_status_replicas_unavailable{{namespace="ns1",deployment="depl1"}} {unav[i]} {ts}',
+            f'kube_deployment_spec_strategy_rollingupdate_max_surge{{deployment="depl1",namespace="ns1"}} 20 {ts}',
+            f'kube_deployment_metadata_generation{{namespace="ns2",deployment="depl2"}} 14 {ts}',
+            f'kube_deployment_spec_replicas{{namespace="ns2",deployment="depl2"}} 5 {ts}',
+        ]
+        if i >= 2:
+            lines += [
+                f'kube_pod_status_phase{{{pod},phase="Pending"}} {int(i == 2)} {ts}',
+                f'kube_pod_status_phase{{{pod},phase="Running"}} {int(i == 3)} {ts}',
+                f"kube_pod_created{{{pod}}} {(t0 + 22_000) / 1000:.0f} {ts}",
+            ]
+    f = tmp_path / "ksm.prom"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def test_kube_state_metrics_exposition_through_the_metrics_reader(tmp_path: Path) -> None:
+    from stagescope.analysis.events import derived_events
+    from stagescope.analysis.ingest import load_dataset
+
+    inc = SE.generate_event_incident("rolling-update-cold-start", 300, seed=1)
+    traces = tmp_path / "spans.jsonl"
+    S.write_otlp(inc.data, traces)
+    ds = load_dataset(traces=[traces], metrics=[_ksm_exposition(tmp_path)])
+    (ev,) = derived_events(ds.con)  # depl2 never changed: no event
+    assert (ev["kind"], ev["target"], ev["source"]) == (N.EVENT_DEPLOY, "ns1/depl1", N.EVENT_SOURCE_KSM)
+    assert ev["time_unix_ms"] - T0_MS == 30_000 and ev["detail"]["since_unix_ms"] - T0_MS == 15_000
+    assert ev["end_unix_ms"] - T0_MS == 45_000  # every replica updated, none unavailable
+    (pod,) = ev["detail"]["pods_pending"]
+    assert pod["pod"] == "depl1-7b9f6c8d5-x2kqp" and pod["pending_s"] == 15.0
+    ds.close()
