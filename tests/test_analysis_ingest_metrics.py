@@ -216,7 +216,8 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     t0 = 1_764_000_000
     ds = load_dataset(prometheus=prometheus, window=(t0 * 10**9, (t0 + 60) * 10**9), prometheus_step_s=15)
     asked = [q["query"] for q in _FakePrometheus.queries]
-    assert asked[: len(RAW_METRICS)] == list(RAW_METRICS) and len(asked) == len(RAW_METRICS) + 1
+    # the raw series, kube-state-metrics' pod series for Pending pods (analysis/events.py), the batch mean
+    assert asked[: len(RAW_METRICS)] == list(RAW_METRICS) and len(asked) == len(RAW_METRICS) + 3 + 1
     assert all(
         q["start"] == f"{t0}.000" and q["end"] == f"{t0 + 60}.000" and q["step"] == "15"
         for q in _FakePrometheus.queries

@@ -27,7 +27,7 @@ from stagescope.errors import UserError
 if TYPE_CHECKING:
     from stagescope.analysis.ingest import Dataset
 
-__all__ = ["BATCH_SIZE_MEAN", "RAW_METRICS", "default_step_s", "load_prometheus", "query_range"]
+__all__ = ["BATCH_SIZE_MEAN", "RAW_METRICS", "default_step_s", "ksm_pod_queries", "load_prometheus", "query_range"]
 
 #: Gauges and cumulative counters read as they are.
 RAW_METRICS: tuple[str, ...] = (
@@ -80,11 +80,21 @@ RAW_METRICS: tuple[str, ...] = (
     N.SGLANG_SPEC_ACCEPT_RATE,
     N.SGLANG_PROMPT_TOKENS,
     N.SGLANG_CACHED_TOKENS,
-    # deploys and scale events (analysis/events.py): kube-state-metrics deployment and pod series
-    *N.KSM_METRICS,
-    f'{N.KSM_POD_PHASE}{{{N.KSM_LABEL_PHASE}="{N.KSM_PHASE_PENDING}"}}',  # the Pending pods only
+    # deploys and scale events (analysis/events.py): kube-state-metrics deployment series (the pod
+    # series: ksm_pod_queries)
+    *(m for m in N.KSM_METRICS if m.startswith("kube_deployment_")),
 )
 BATCH_SIZE_MEAN = f"{N.METRIC_BATCH_SIZE}:mean"
+
+
+def ksm_pod_queries(span_s: float) -> list[str]:
+    """kube-state-metrics' pod series for the pods that were Pending only (a cluster has thousands of
+    pods; the events need those): ``kube_pod_status_phase{phase="Pending"}``, ``kube_pod_created`` and
+    ``kube_pod_status_scheduled_time``, each ``and`` the pods whose Pending phase was 1 at some time in
+    the ``span_s`` seconds before the step (set operators keep the metric name and labels)."""
+    pending = f'{N.KSM_POD_PHASE}{{{N.KSM_LABEL_PHASE}="{N.KSM_PHASE_PENDING}"}}'
+    was = f"on({N.KSM_LABEL_NAMESPACE}, {N.KSM_LABEL_POD}) (max_over_time({pending}[{max(1, math.ceil(span_s))}s]) > 0)"
+    return [f"{m} and {was}" for m in (pending, N.KSM_POD_CREATED, N.KSM_POD_SCHEDULED_TIME)]
 
 
 def default_step_s(start_s: float, end_s: float) -> float:
@@ -157,6 +167,8 @@ def load_prometheus(
     total = 0
     for metric in metrics:
         total += insert_samples(ds, _samples(query_range(url, metric, start, end, step), None), url)
+    for pods in ksm_pod_queries(end - start + step):
+        total += insert_samples(ds, _samples(query_range(url, pods, start, end, step), None), url)
     w = "5m" if step < 300 else f"{int(step)}s"
     bs = (
         f"sum by (model) (rate({N.METRIC_BATCH_SIZE}_sum[{w}])) / "
