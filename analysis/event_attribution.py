@@ -107,7 +107,7 @@ def attribute(
     spans = [aftermath(e) for e in events]
     row = con.execute(f"SELECT min({_T}), max({_T}) FROM {view.name}").fetchone()
     span_ms = float(row[1] - row[0]) if row and row[0] is not None else 0.0
-    out = []
+    out: list[dict[str, Any]] = []
     for ep in episodes(windows):
         s, e = ep["start_unix_ms"], ep["end_unix_ms"]
         in_ep = f"{_T} >= {s} AND {_T} < {e} AND {bad}"
