@@ -8,7 +8,10 @@ and ``fleet`` (analysis.events.fleet_facts: ``replicas``, ``scale_step``, ``surg
 * ``deploy`` -> ``surge-with-readiness``: a rollout took serving capacity away while new pods loaded.
 * ``scale`` up -> ``prewarmed-pods``: the new capacity came late (HPA cold start: scheduling, image
   pull, model load); ``scale`` down -> no lever: capacity was removed, slow the scale-down instead.
-* ``model_swap`` -> ``scale-ahead-of-swap``; ``config`` -> no lever: compare the settings first.
+* ``model_swap`` whose slow requests waited for the load in ``cold_start`` (the model reloaded in
+  place, in the serving process: stagescope's model-load counter) -> ``prewarm`` (load the new weights
+  beside the live model, then swap); any other ``model_swap`` -> ``scale-ahead-of-swap``.
+* ``config`` -> no lever: compare the settings first.
 * A stage of kind ``pod_pending`` (time requests were held while new pods were Pending, when the
   traces carry it) -> ``prewarmed-pods``.
 
@@ -34,7 +37,12 @@ __all__ = [
     "scale_down_why",
     "scale_up_why",
     "scaled_down",
+    "swap_in_place",
+    "swap_in_place_why",
 ]
+
+#: Share of the tail's excess in cold-start-kind stages above which a model swap was an in-place reload.
+IN_PLACE_SHARE = 0.5
 
 Evidence = dict[str, Any]
 
@@ -77,6 +85,24 @@ def scaled_down(ev: Evidence) -> bool:
     d = (ev.get("event") or {}).get("detail") or {}
     a, b = d.get("replicas_from"), d.get("replicas_to")
     return a is not None and b is not None and int(b) < int(a)
+
+
+def _cold_share(ev: Evidence) -> float:
+    kinds = ev.get("kinds") or {}
+    return sum(float(v) for s, v in (ev.get("shares") or {}).items() if kinds.get(s) == N.KIND_COLD_START)
+
+
+def swap_in_place(ev: Evidence) -> bool:
+    """The slow requests waited for the model load itself (cold-start stages own the excess)."""
+    return _cold_share(ev) >= IN_PLACE_SHARE
+
+
+def swap_in_place_why(ev: Evidence, _: str) -> str:
+    return (
+        f"{_event_line(ev)}; cold-start stages explain {_cold_share(ev):.0%} of the tail's excess: the model "
+        "reloaded in place and requests waited for it. Load the new weights beside the live model and swap "
+        "them in (prewarm), so no request waits for a load."
+    )
 
 
 def deploy_why(ev: Evidence, _: str) -> str:

@@ -350,6 +350,7 @@ RULES: tuple[Rule, ...] = (
     Rule(N.EVENT_DEPLOY, N.LEVER_SURGE_READINESS, _always, EV.deploy_why),
     Rule(N.EVENT_SCALE, None, EV.scaled_down, EV.scale_down_why),
     Rule(N.EVENT_SCALE, N.LEVER_PREWARMED_PODS, _always, EV.scale_up_why),
+    Rule(N.EVENT_MODEL_SWAP, N.LEVER_PREWARM, EV.swap_in_place, EV.swap_in_place_why),
     Rule(N.EVENT_MODEL_SWAP, N.LEVER_SCALE_AHEAD, _always, EV.model_swap_why),
     Rule(N.EVENT_CONFIG, None, _always, EV.config_why),
 )  # fmt: skip

@@ -160,19 +160,25 @@ def test_scale_down_names_no_lever_and_config_asks_to_compare(tmp_path: Path) ->
         assert ("scale-down" if kind == N.EVENT_SCALE else "compare the settings") in eb["levers"][0]["rationale"]
 
 
-def test_model_swap_from_stagescope_model_load_counter() -> None:
-    inc = SE.generate_event_incident("rolling-update-cold-start", seed=1)
+@pytest.mark.parametrize(
+    ("name", "lever"),
+    [("rolling-update-cold-start", N.LEVER_PREWARM), ("hpa-scale-pending", N.LEVER_SCALE_AHEAD)],
+)
+def test_model_swap_from_stagescope_model_load_counter(name: str, lever: str) -> None:
+    """A reload seen in stagescope's own counter: requests that waited for the load in cold_start mean
+    it reloaded in place (prewarm: load beside, then swap); else scale out ahead of the swap."""
+    inc = SE.generate_event_incident(name, seed=1)
     data = S.SynthData(inc.data.scenario, inc.data.requests, inc.data.stages)
     lab = {N.LABEL_MODEL: "resnet"}
     for s in range(0, 301, 15):
-        loads = 1.0 if s < 135 else 2.0
+        loads = 1.0 if s < (135 if name.startswith("rolling") else 195) else 2.0
         data.metrics.append((N.METRIC_MODEL_LOADS, lab, loads, T0_MS + s * 1000))
         data.metrics.append((N.METRIC_MODEL_READY, lab, 0.0 if 135 <= s < 195 else 1.0, T0_MS + s * 1000))
     rep = analyze(_con(data), data.scenario.slo)
     (ev,) = rep["events"]
     assert ev["kind"] == N.EVENT_MODEL_SWAP and ev["end_unix_ms"] - T0_MS == 195_000
     (eb,) = [e for e in rep["event_breaches"] if e["event"] is not None]
-    assert eb["levers"][0]["lever"] == N.LEVER_SCALE_AHEAD
+    assert eb["levers"][0]["lever"] == lever
 
 
 def test_events_file_reader_accepts_both_time_forms(tmp_path: Path) -> None:
