@@ -107,9 +107,14 @@ def timeline_png(report: dict[str, Any]) -> bytes | None:
     ax.plot(xs, [w["p50_ms"] for w in tl], color=BASE, lw=1, label="p50")
     ax.axhline(report["slo"]["threshold_ms"], color="#555555", ls="--", label="threshold")
     for i, ev in enumerate(report.get("events") or []):  # deploys, scale events, model swaps
-        x = (ev["time_unix_ms"] - t0) / 1000.0
+        # from the earliest it can have happened (a scraped event: after the scrape before) to its end
+        since = (ev.get("detail") or {}).get("since_unix_ms") or ev["time_unix_ms"]
+        x = (min(since, ev["time_unix_ms"]) - t0) / 1000.0
+        x_end = (max(ev["time_unix_ms"], ev.get("end_unix_ms") or 0) - t0) / 1000.0
         for a in (ax, ax2):
             a.axvline(x, color="#d62728", ls=":", lw=1, label=None if i or a is ax2 else "event")
+            if x_end > x:
+                a.axvspan(x, x_end, color="#d62728", alpha=0.08, lw=0)
         ax.annotate(ev["kind"], (x, 1.0), xycoords=("data", "axes fraction"), fontsize=7, color="#d62728",
                     rotation=90, va="top", ha="right")  # fmt: skip
     ax.set_ylabel("ms")
