@@ -67,6 +67,9 @@ class SLO:
     quality_budget: float | None = None
     #: price of one accelerator-hour (any currency); None: the report gives accelerator-seconds only
     accelerator_price_per_hour: float | None = None
+    #: the metric the service's autoscaler scales on (``cpu``, ``memory``, or a metric name such as
+    #: ``vllm:num_requests_waiting``), where kube-state-metrics' HPA series are not scraped; None: unknown
+    autoscaler_metric: str | None = None
 
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
@@ -93,6 +96,8 @@ class SLO:
             raise ValueError(f"window must be at most 366d, got {self.window[:40]!r}")
         if self.quality_budget is not None:
             check_number(self.quality_budget, "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError)
+        if self.autoscaler_metric is not None:
+            check_autoscaler_metric(self.autoscaler_metric)
         if self.accelerator_price_per_hour is not None:
             check_number(
                 self.accelerator_price_per_hour,
@@ -137,6 +142,7 @@ class SLO:
             "spec": self.spec,
             "quality_budget": self.quality_budget,
             "accelerator_price_per_hour": self.accelerator_price_per_hour,
+            "autoscaler_metric": self.autoscaler_metric,
         }
 
 
@@ -220,7 +226,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
 
 _KNOWN_KEYS = frozenset(
     {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
-     "quality_budget", "accelerator_price_per_hour"}
+     "quality_budget", "accelerator_price_per_hour", "autoscaler_metric"}
 )
 
 
@@ -258,7 +264,26 @@ def _slo_from_item(item: dict[str, Any]) -> SLO:
             lo_open=True,
             error=ValueError,
         ),
+        autoscaler_metric=None
+        if item.get("autoscaler_metric") is None
+        else check_autoscaler_metric(item["autoscaler_metric"]),
     )
+
+
+#: ``autoscaler_metric``: a Kubernetes resource name (``cpu``) or a metric name as an HPA or KEDA
+#: names it (letters, digits and ``_ : . / -``, starting with a letter or ``_``).
+AUTOSCALER_METRIC_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_:./-]{0,255}")
+
+
+def check_autoscaler_metric(value: Any) -> str:
+    """The SLO's ``autoscaler_metric``, checked: text naming one metric; ``ValueError`` otherwise."""
+    text = check_text(value, "autoscaler_metric", max_len=256, error=ValueError)
+    if not AUTOSCALER_METRIC_PATTERN.fullmatch(text):
+        raise ValueError(
+            "autoscaler_metric must name one metric (cpu, memory, or a metric name such as "
+            f"vllm:num_requests_waiting: letters, digits, _ : . / -), got {text[:80]!r}"
+        )
+    return text
 
 
 def _bad_window(item: dict[str, Any]) -> str:
