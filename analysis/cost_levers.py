@@ -13,12 +13,12 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import counterfactual as C
+from stagescope.analysis import fleet_levers as FL
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
-from stagescope.analysis import counterfactual as C
-from stagescope.analysis import fleet_levers as FL
 from stagescope.analysis.counterfactual import batch_wait_cap_ms, weighted_slope
 from stagescope.analysis.keys import input_ref
 

@@ -109,7 +109,7 @@ def concurrency_why(ev: Evidence) -> str:
             "tail's length (prompt plus output)"
         )
     cap = concurrency_cap(ev)
-    setting = f" (--max-num-seqs {cap}, the streams the cache holds)" if cap is not None else ""
+    setting = f" {cap} (the streams the cache holds)" if cap is not None else ""
     return (
         f"{ER.kv_line(ev)}; {'; '.join(why)}: the engine admits more streams than its KV cache holds, so it "
         f"preempts and recomputes them. Cap the concurrent requests it admits: vLLM --max-num-seqs{setting}, "
