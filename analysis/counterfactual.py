@@ -51,8 +51,9 @@ Model (stated, with its limits):
     the step in progress and their own step, each carrying one 256-token chunk (these two LLM
     models live in analysis.llm_levers);
   - ``cap-output-tokens``: output tokens capped at the baseline's quantile at the same time per token
-    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers``, ``kv-cache-headroom`` and
-    ``prefix-caching``: their stage's tail capped at its baseline quantile;
+    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers`` and ``kv-cache-headroom``: their
+    stage's tail capped at its baseline quantile; ``prefix-caching``: every repeated prompt prefills
+    like the baseline's repeats (analysis.fleet_levers);
   - the fleet levers (``scale-on-queue-depth``, ``concurrency-limit``, ``kv-cache-aware-routing``):
     :mod:`~stagescope.analysis.fleet_levers`.
 
@@ -376,7 +377,7 @@ def lever_prediction(
         got = scale_out(con, view, attr, col)
         if got is not None:
             return got
-    if lever in FLEET_LEVERS:
+    if lever in FLEET_LEVERS or (lever == N.LEVER_PREFIX_CACHING and col is not None):
         from stagescope.analysis.fleet_levers import predict  # it builds on this module
 
         return predict(con, view, attr, ev, lever, stage, col)

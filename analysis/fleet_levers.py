@@ -10,11 +10,15 @@
   time each is (vLLM counts preemptions, not the time they cost); measure after applying. The setting
   the rationale gives is the streams the KV cache holds at the tail's length (``kv_fit_streams``).
 * ``kv-cache-aware-routing``: every repeat of a prompt (each occurrence of an input hash after its
-  first) is routed to the replica that holds its prefix, and prefills like the repeats that already
-  found it there: the median prefill of the baseline's repeats (a repeat in the baseline hit the
-  cache); without such repeats, its prefill is capped at the stage's baseline quantile. First
-  occurrences and other prompts are unchanged. It assumes the replica holding a prefix has room for
-  the requests sent to it (no queueing from the skew).
+  first: the request's own, else the one the load generator sent for its trace) is routed to the
+  replica that holds its prefix, and prefills like the repeats that already found it there: the
+  median prefill of the baseline's repeats (a repeat in the baseline hit the cache); without such
+  repeats, its prefill is capped at the stage's baseline quantile. First occurrences and other
+  prompts are unchanged. It assumes the replica holding a prefix has room for the requests sent to
+  it (no queueing from the skew).
+* ``prefix-caching`` (an existing lever, its model here since it is the same): every repeat served
+  from the prefix cache, the same way. Before, the stage's tail was capped at its baseline quantile
+  for every request, long unshared prompts too (30 % low on ``fleet-prefix-off``).
 
 Units: milliseconds.
 """
@@ -31,7 +35,7 @@ from stagescope.analysis import fleet_rules as FR
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
-from stagescope.analysis.keys import input_ref, trace_ref
+from stagescope.analysis.keys import has_columns, input_ref, trace_ref
 
 __all__ = ["cost_effect", "predict", "replica_factor", "setting"]
 
@@ -52,14 +56,31 @@ def _cap(ev: dict[str, Any], stage: str) -> float:
     return float((ev.get("stage_quantiles", {}).get(stage) or {}).get("baseline_q_ms") or 0.0)
 
 
-def _routing(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str, stage: str
-) -> tuple[float | None, str]:
+def _prompt_key(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """``(join, key)``: SQL joining ``requests q`` to the load generator's results and a request's prompt
+    key: its own input hash, else the one the load generator sent for its trace (engines' spans carry
+    none, as analysis.engine_evidence reads it)."""
+    own = input_ref(con).replace("input_hash", "q.input_hash")
+    if not has_columns(con, "client_results", "trace_id", "input_hash"):
+        return "", own
+    join = (
+        "LEFT JOIN (SELECT trace_id, any_value(input_hash) AS c_hash FROM client_results "
+        "WHERE input_hash IS NOT NULL GROUP BY 1) c ON c.trace_id = q.trace_id"
+    )
+    return join, f"coalesce({own}, CASE WHEN c.c_hash IS NOT NULL THEN hash(c.c_hash) END)"
+
+
+def _repeats(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], col: str, stage: str,
+    what: str,
+) -> tuple[float | None, str]:  # fmt: skip
+    """Every repeat of a prompt prefills like the baseline's repeats (``what``: how it gets there)."""
+    join, key = _prompt_key(con)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE ss_prefix_repeats AS SELECT DISTINCT trace_ref, start_unix_ns FROM (
-            SELECT {trace_ref(con)} AS trace_ref, start_unix_ns,
-                   row_number() OVER (PARTITION BY hh ORDER BY start_unix_ns) AS k
-            FROM (SELECT *, {input_ref(con)} AS hh FROM requests WHERE {view.request_filter}) WHERE hh IS NOT NULL)
+            SELECT trace_ref, start_unix_ns, row_number() OVER (PARTITION BY hh ORDER BY start_unix_ns) AS k
+            FROM (SELECT q.{trace_ref(con)} AS trace_ref, q.start_unix_ns, {key} AS hh FROM requests q {join}
+                  WHERE {view.request_filter.replace("status_code", "q.status_code")}) WHERE hh IS NOT NULL)
         WHERE k > 1"""
     )
     src = (
@@ -75,10 +96,7 @@ def _routing(
         hit, how = _cap(ev, stage), f"{stage}'s baseline p{view.slo.quantile * 100:g} (no repeat in the baseline)"
     pred = _q(con, src, f"value_ms - CASE WHEN ss_repeat THEN greatest({col} - {hit!r}, 0) ELSE 0 END",
               view.slo.quantile, attr)  # fmt: skip
-    return pred, (
-        f"every repeated prompt routed to the replica holding its prefix: its {stage} at most {hit:.1f} ms, "
-        f"{how}; first occurrences unchanged"
-    )
+    return pred, f"every repeated prompt {what}: its {stage} at most {hit:.1f} ms, {how}; first occurrences unchanged"
 
 
 def predict(
@@ -112,7 +130,9 @@ def predict(
             f"model the queue on ({why})",
         )
     if lever == N.LEVER_KV_CACHE_AWARE_ROUTING:
-        return _routing(con, view, attr, ev, col, stage)
+        return _repeats(con, view, attr, ev, col, stage, "routed to the replica holding its prefix")
+    if lever == N.LEVER_PREFIX_CACHING:
+        return _repeats(con, view, attr, ev, col, stage, "served from the prefix cache")
     return None, "no model for this stage"
 
 
