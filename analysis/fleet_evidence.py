@@ -8,7 +8,8 @@ across replicas.
   ``autoscaler_on_resource`` (every target is a resource metric, ``cpu`` or ``memory``: it does not see
   a queue), ``hpa_max_replicas`` (``kube_horizontalpodautoscaler_spec_max_replicas``, summed over the
   HPAs scraped), ``hpa_replicas_tail`` / ``_baseline`` (``..._status_current_replicas`` summed over
-  them, as of each tail / baseline request's arrival), ``hpa_replicas_max``.
+  them, as of each tail / baseline request's arrival; from snapshots without timestamps, the mean
+  over the snapshots), ``hpa_replicas_max``.
 * **KV cache** (vLLM's ``vllm:cache_config_info``, one gauge whose labels are the cache settings):
   ``gpu_memory_utilization`` (the share of accelerator memory vLLM may take; the KV cache gets what the
   weights and activations leave), ``kv_cache_tokens`` (``num_gpu_blocks x block_size``: tokens one
@@ -100,6 +101,13 @@ def autoscaler_facts(
         if attr is not None and view.per_request:
             out["hpa_replicas_tail"] = _asof_sum(con, view, attr.tail_condition, N.KSM_HPA_CURRENT_REPLICAS)
             out["hpa_replicas_baseline"] = _asof_sum(con, view, attr.baseline_condition, N.KSM_HPA_CURRENT_REPLICAS)
+        if out.get("hpa_replicas_tail") is None:  # snapshots without timestamps: the replicas they show
+            snap = con.execute(
+                "SELECT avg(v) FROM (SELECT source, sum(value) AS v FROM metric_samples WHERE metric = ? "
+                "AND value IS NOT NULL GROUP BY source)",
+                [N.KSM_HPA_CURRENT_REPLICAS],
+            ).fetchone()
+            out["hpa_replicas_tail"] = out["hpa_replicas_baseline"] = _r(snap[0], 1) if snap else None
     return out
 
 

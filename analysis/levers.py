@@ -297,6 +297,8 @@ RULES: tuple[Rule, ...] = (
            f"hits {_pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
         + ": shared prompts are prefilled again and again. Enable prefix caching (vLLM "
         "--enable-prefix-caching; route requests that share a prefix to the same replica).")),
+    Rule(N.KIND_PREFILL, N.LEVER_SCALE_ON_QUEUE_DEPTH, lambda ev: ER.prefill_is_waiting(ev) and FR.autoscaler_on_resource(ev),
+         lambda ev, st: f"{_stage_line(ev, st)}; SGLang's prefill holds its wait queue; {FR.autoscaler_why(ev)}"),
     Rule(N.KIND_PREFILL, N.LEVER_SCALE_OUT, ER.prefill_is_waiting, lambda ev, st: (
         f"{_stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
         "to the scheduler, so it holds the wait queue, and the tail's prompts are no longer than the "

@@ -21,7 +21,7 @@ generator's physics. Deterministic for a seed.
   on everywhere). Truth after KV-cache-aware routing: every repeat hits (prefill ~22 ms).
 * ``fleet-prefix-off``: the same shared prompts on one replica with prefix caching off. Truth after
   prefix caching: every repeat hits.
-* ``fleet-long-outputs`` (end to end p95 < 1.6 x the median): 6 % of requests generate three times
+* ``fleet-long-outputs`` (end to end p95 < 4.5 s, 1.6 x the median): 6 % of requests generate three times
   the tokens at the same ~22 ms per token. Truth after an output budget of ``C`` tokens: each request
   keeps its first ``C - 1`` gaps.
 """
@@ -46,7 +46,7 @@ FLEET: dict[str, Scenario] = {
         Scenario("fleet-kv-headroom", GENERATE, "ttft:p95<200ms", N.STAGE_QUEUE, N.LEVER_KV_CACHE_HEADROOM),
         Scenario("fleet-prefix-spread", GENERATE, "ttft:p95<300ms", N.STAGE_PREFILL, N.LEVER_KV_CACHE_AWARE_ROUTING),
         Scenario("fleet-prefix-off", GENERATE, "ttft:p95<300ms", N.STAGE_PREFILL, N.LEVER_PREFIX_CACHING),
-        Scenario("fleet-long-outputs", GENERATE, "p95<{e2e_1_6}ms", N.STAGE_DECODE, N.LEVER_CAP_OUTPUT_TOKENS),
+        Scenario("fleet-long-outputs", GENERATE, "p95<4500ms", N.STAGE_DECODE, N.LEVER_CAP_OUTPUT_TOKENS),
     )
 }
 MODEL = "llama"
@@ -224,9 +224,7 @@ def generate_fleet(
     }  # fmt: skip
     durs = [(N.STAGE_QUEUE, queue), (N.STAGE_PREFILL, prefill), (N.STAGE_DECODE, decode)]
     owner = np.concatenate([np.full(len(g), i) for i, g in enumerate(gaps)])
-    slo = sc.slo.replace("{e2e_1_6}", f"{float(np.median(e2e)) * 1.6:.0f}")
-    scn = Scenario(sc.name, sc.route, slo, sc.stage, sc.lever)
-    data = SynthData(scn, req, _layout(trace, start_ns, durs),
+    data = SynthData(sc, req, _layout(trace, start_ns, durs),
                      {"trace_id": trace[owner], "gap_ms": np.concatenate(gaps)}, metrics)  # fmt: skip
     parts = {"queue": queue, "queue_normal": queue_normal, "prefill": prefill, "prefill_hit": prefill_hit,
              "repeat": repeat, "decode": decode}  # fmt: skip

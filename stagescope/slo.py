@@ -9,7 +9,10 @@ Two ways to state an SLO:
   ``objective`` (for example 0.99, read by the analysis as the p99), ``window`` (default ``30d``) and
   optional ``quality_budget``: the points of accuracy (on the model's eval set, as the service exports
   it) that a lever changing the model may cost, for example 0.5; a lever that costs more is marked
-  not acceptable and the next lever is recommended.
+  not acceptable and the next lever is recommended; optional ``accelerator_price_per_hour`` (cost
+  figures in money) and ``autoscaler_metric``: what the service's autoscaler scales on (``cpu``,
+  ``memory`` or a metric name), read by the fleet lever rules where kube-state-metrics' HPA series
+  are not scraped (a queue tail while it scales on CPU: scale on queue depth instead).
 
 SLI definitions (server side): ``e2e`` is request arrival to last byte written; ``ttft`` is request
 arrival to first token written; ``itl`` is the gap between two consecutive tokens of one stream, one

@@ -259,3 +259,18 @@ def test_the_new_levers_fire_on_none_of_the_existing_scenarios(tmp_path: Path) -
     for name in F.FLEET:
         lever = F.FLEET[name].lever
         assert _fired(_run(F.generate_fleet(name, seed=5).data)) == {lever}  # another seed: still alone
+
+
+def test_sglangs_waiting_prefill_with_an_autoscaler_on_cpu_gets_queue_depth_scaling(tmp_path: Path) -> None:
+    """SGLang without its stage slices: its prefill holds the wait queue (scale-out today); with the SLO
+    file saying the autoscaler scales on CPU, queue-depth scaling instead."""
+    tl = timelines(600, "queue", seed=7)
+    f = tmp_path / "sglang.jsonl"
+    write_otlp_lines(f, sglang_spans(tl, slices=False))
+    ds = load_dataset(traces=[f])
+    slo = parse_slo("ttft:p95<500ms")[0]
+    assert analyze(ds, slo)["verdict"] == {"stage": N.STAGE_PREFILL, "lever": N.LEVER_SCALE_OUT}
+    rep = analyze(ds, dataclasses.replace(slo, autoscaler_metric="cpu"))
+    ds.close()
+    assert rep["verdict"] == {"stage": N.STAGE_PREFILL, "lever": N.LEVER_SCALE_ON_QUEUE_DEPTH}
+    assert "holds its wait queue" in rep["levers"][0]["rationale"] and rep["levers"][0]["predicted_p99_ms"] is not None
