@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagescope import names as N
 from stagescope.analysis import engine_rules as ER
 
 __all__ = [
@@ -70,8 +71,8 @@ def autoscaler_why(ev: Evidence) -> str:
         f"{ER.queue_depth_line(ev)}; the autoscaler scales on {', '.join(ev.get('autoscaler_metrics') or [])} "
         f"(from {ev.get('autoscaler_source')}); {_replicas_line(ev)}. Requests queue while the CPU looks "
         "idle: an accelerator's queue does not show in CPU. Scale on queue depth instead (KEDA's prometheus "
-        "trigger, or an HPA autoscaling/v2 External / Pods metric, on vllm:num_requests_waiting or the "
-        "service's queue-depth gauge)."
+        f"trigger, or an HPA autoscaling/v2 External / Pods metric, on {N.VLLM_NUM_WAITING} or the "
+        f"service's queue-depth gauge, {N.METRIC_QUEUE_DEPTH})."
     )
 
 

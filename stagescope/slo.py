@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from stagescope.errors import UserError
-from stagescope.names import SLI_E2E, SLIS
+from stagescope.names import SLI_E2E, SLIS, VLLM_NUM_WAITING
 from stagescope.safe_yaml import load_config_yaml
 from stagescope.validate import check_number, check_text
 
@@ -284,7 +284,7 @@ def check_autoscaler_metric(value: Any) -> str:
     if not AUTOSCALER_METRIC_PATTERN.fullmatch(text):
         raise ValueError(
             "autoscaler_metric must name one metric (cpu, memory, or a metric name such as "
-            f"vllm:num_requests_waiting: letters, digits, _ : . / -), got {text[:80]!r}"
+            f"{VLLM_NUM_WAITING}: letters, digits, _ : . / -), got {text[:80]!r}"
         )
     return text
 
