@@ -13,6 +13,8 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import counterfactual as C
+from stagescope.analysis import fleet_levers as FL
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
@@ -108,6 +110,10 @@ def lever_effect(
         return _factor(1.0, 1.0, "no lever", "0")
     if lever in _OFF_ACCELERATOR:
         return _factor(1.0, 1.0, _OFF_ACCELERATOR[lever], "0")
+    if lever in C.FLEET_LEVERS:
+        got = FL.cost_effect(ev, lever)
+        if got is not None:
+            return _factor(*got)
     if lever == N.LEVER_SCALE_OUT:
         return _factor(1.0, 2.0, "executors doubled (the prediction's model): twice the accelerators at the same "
                        "traffic, the same work per request", "+")  # fmt: skip

@@ -51,8 +51,11 @@ Model (stated, with its limits):
     the step in progress and their own step, each carrying one 256-token chunk (these two LLM
     models live in analysis.llm_levers);
   - ``cap-output-tokens``: output tokens capped at the baseline's quantile at the same time per token
-    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers``, ``kv-cache-headroom`` and
-    ``prefix-caching``: their stage's tail capped at its baseline quantile.
+    (:mod:`~stagescope.analysis.engine_levers`); ``more-api-servers`` and ``kv-cache-headroom``: their
+    stage's tail capped at its baseline quantile; ``prefix-caching``: every repeated prompt prefills
+    like the baseline's repeats (analysis.fleet_levers);
+  - the fleet levers (``scale-on-queue-depth``, ``concurrency-limit``, ``kv-cache-aware-routing``):
+    :mod:`~stagescope.analysis.fleet_levers`.
 
 Sampled traces: every quantile and fit counts each breakdown row by the attribution's weight
 (``1 / sampling_p`` times its stratum's factor, analysis.weighting), and the arrivals and executor
@@ -89,6 +92,7 @@ __all__ = [
     "MODEL_LEVERS",
     "batch_wait_cap_ms",
     "lever_prediction",
+    "scale_out",
     "stage_counterfactuals",
     "weighted_quantile",
     "weighted_quantile_sql",
@@ -97,6 +101,10 @@ __all__ = [
 
 #: Levers that swap the model for a faster variant: their compute factor is the service's measurement.
 MODEL_LEVERS: frozenset[str] = frozenset({N.LEVER_QUANTIZE, N.LEVER_COMPILE_RUNTIME})
+#: The fleet levers, whose models live in analysis.fleet_levers.
+FLEET_LEVERS: frozenset[str] = frozenset(
+    {N.LEVER_SCALE_ON_QUEUE_DEPTH, N.LEVER_CONCURRENCY_LIMIT, N.LEVER_KV_CACHE_AWARE_ROUTING}
+)
 #: Levers whose fallback model caps the stage's tail at its baseline quantile, with the kind of stage
 #: each is for.
 _CAP_TO_BASELINE: dict[str, str] = {
@@ -249,13 +257,14 @@ def executor_model(
     }
 
 
-def _scale_out(
-    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str
+def scale_out(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, factor: float = 2.0
 ) -> tuple[float | None, str] | None:
+    """scale-out's model with the executors multiplied by ``factor`` (2: doubled; at least one more)."""
     m = executor_model(con, view, attr)
     if m is None or m["lam_per_s"] <= 0:
         return None
-    c2 = int(2 * m["executors"])
+    c2 = max(int(m["executors"]) + 1, int(factor * m["executors"]))
     model = Q.QueueModel(c2, 1000.0 / m["service_ms"], m["lam_per_s"], m["ca2"], m["cs2"])
     if model.utilization >= 0.999:
         return None
@@ -366,9 +375,13 @@ def lever_prediction(
         return gap_prediction(con, view, ev, lever)
     col = _col(attr, stage)
     if lever == N.LEVER_SCALE_OUT and col is not None:
-        got = _scale_out(con, view, attr, col)
+        got = scale_out(con, view, attr, col)
         if got is not None:
             return got
+    if lever in FLEET_LEVERS or (lever == N.LEVER_PREFIX_CACHING and col is not None):
+        from stagescope.analysis.fleet_levers import predict  # it builds on this module
+
+        return predict(con, view, attr, ev, lever, stage, col)
     kind = attr.kinds.get(stage)
     if lever == N.LEVER_OFFLOAD_PREPROCESSING and col is not None and kind == N.KIND_CPU:
         got = _offload(con, view, attr, col, stage)

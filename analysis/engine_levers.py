@@ -8,9 +8,10 @@
   client retries). With sampled traces the baseline's quantile counts each request ``1 / sampling_p``
   times, and the predicted quantile counts the breakdown rows by their weights (analysis.weighting).
 
-The other engine levers (``more-api-servers``, ``kv-cache-headroom``, ``prefix-caching``) use the
-generic model of :func:`stagescope.analysis.counterfactual.lever_prediction`: the stage's tail
-capped at its baseline quantile.
+The other engine levers (``more-api-servers``, ``kv-cache-headroom``) use the generic model of
+:func:`stagescope.analysis.counterfactual.lever_prediction`: the stage's tail capped at its baseline
+quantile; ``prefix-caching``'s model (repeated prompts prefill like cache hits) is in
+:mod:`stagescope.analysis.fleet_levers`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ All values are plain numbers (``None`` when the data lacks them), computed in Du
   model's and its lever variants' eval-set accuracy and measured batch times;
   ``quality_budget_points``: the SLO's accuracy budget for model-changing levers;
 * LLM engines' evidence (output tokens and time per token of tail and baseline, vLLM's and SGLang's
-  own metrics): :mod:`~stagescope.analysis.engine_evidence`.
+  own metrics): :mod:`~stagescope.analysis.engine_evidence`; the fleet's (autoscaler targets and
+  replicas, KV-cache settings, prefix hits per replica): :mod:`~stagescope.analysis.fleet_evidence`.
 
 Sampled traces: shares, means and quantiles count each request ``1 / sampling_p`` times
 (analysis.weighting); whether an input repeats is judged on the inputs the kept traces show, so
@@ -38,7 +39,7 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis import engine_evidence
+from stagescope.analysis import engine_evidence, fleet_evidence
 from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
@@ -149,6 +150,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
         ev["model"] = facts
     ev["quality_budget_points"] = view.slo.quality_budget
     ev.update(engine_evidence.gather(con, view, attr, ev))  # output lengths, the engines' own metrics
+    ev.update(fleet_evidence.gather(con, view, attr, ev))  # autoscaler, KV-cache config, hits per replica
     return ev
 
 

@@ -14,7 +14,11 @@ per-request cost, owns the tail. For LLM engines (the evidence in
 replicas; prefill of prompts that repeat with the prefix cache off gets prefix caching before chunked
 prefill; a decode tail of long outputs at the baseline's time per token gets an output budget, not
 faster decoding; the engine's front end (its API server, kind ``cpu``) gets more API-server
-processes, and a gateway in front of it (kind ``network``) is measured first. A rule may name the
+processes, and a gateway in front of it (kind ``network``) is measured first. The fleet's rules
+(conditions and texts in :mod:`~stagescope.analysis.fleet_rules`): a queue while the autoscaler scales
+on CPU gets queue-depth scaling before scale-out; KV pressure with no memory to give (or more streams
+admitted than the cache holds) gets a concurrency limit before KV-cache headroom; shared prompts whose
+prefix hits differ across replicas get KV-cache-aware routing before prefix caching. A rule may name the
 one stage it is for (``Rule.stage``); it then applies to that stage only, ahead of its kind's
 general rules. Low accelerator utilization with a slow CPU stage points to the pipeline, not the
 model. Rules are tried top to bottom; the first whose kind matches and whose
@@ -35,6 +39,7 @@ from typing import Any
 from stagescope import names as N
 from stagescope.analysis import engine_rules as ER
 from stagescope.analysis import event_rules as EV
+from stagescope.analysis import fleet_rules as FR
 from stagescope.analysis import quality as QL
 
 __all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
@@ -257,6 +262,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
         f"timer, not when full: cap the max batch wait at {_n(ev.get('batch_wait_cap_ms'), ' ms')}.")),
+    Rule(N.KIND_QUEUE, N.LEVER_CONCURRENCY_LIMIT, FR.overcommitted,
+         lambda ev, st: f"{_stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
     Rule(N.KIND_QUEUE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
         f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: requests wait because the KV cache is full, and "
         "preempted ones are recomputed. Give the KV cache room before adding replicas (vLLM "
@@ -266,6 +273,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}, but compute ({_of_kind(ev, N.KIND_COMPUTE)}) also explains "
         f"{kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
         "(quantize) before scaling out." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_QUEUE, N.LEVER_SCALE_ON_QUEUE_DEPTH, FR.autoscaler_on_resource,
+         lambda ev, st: f"{_stage_line(ev, st)}; {FR.autoscaler_why(ev)}"),
     Rule(N.KIND_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; {ER.queue_depth_line(ev)}; {ER.batches_line(ev)}; {_util(ev)}; compute explains only "
         f"{kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
@@ -282,6 +291,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
         + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
+    Rule(N.KIND_PREFILL, N.LEVER_KV_CACHE_AWARE_ROUTING, lambda ev: FR.uneven_prefix_hits(ev, REPEATED_SHARE),
+         lambda ev, st: f"{_stage_line(ev, st)}; {FR.routing_why(ev)}"),
     Rule(N.KIND_PREFILL, N.LEVER_PREFIX_CACHING, lambda ev: ER.shared_prompts_uncached(ev, REPEATED_SHARE),
          lambda ev, st: (
         f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat a prompt "
@@ -290,6 +301,8 @@ RULES: tuple[Rule, ...] = (
            f"hits {_pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
         + ": shared prompts are prefilled again and again. Enable prefix caching (vLLM "
         "--enable-prefix-caching; route requests that share a prefix to the same replica).")),
+    Rule(N.KIND_PREFILL, N.LEVER_SCALE_ON_QUEUE_DEPTH, lambda ev: ER.prefill_is_waiting(ev) and FR.autoscaler_on_resource(ev),
+         lambda ev, st: f"{_stage_line(ev, st)}; SGLang's prefill holds its wait queue; {FR.autoscaler_why(ev)}"),
     Rule(N.KIND_PREFILL, N.LEVER_SCALE_OUT, ER.prefill_is_waiting, lambda ev, st: (
         f"{_stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
         "to the scheduler, so it holds the wait queue, and the tail's prompts are no longer than the "
@@ -309,6 +322,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
         "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "
         "budget per route or client, or stop sequences).")),
+    Rule(N.KIND_DECODE, N.LEVER_CONCURRENCY_LIMIT, FR.overcommitted,
+         lambda ev, st: f"{_stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
     Rule(N.KIND_DECODE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
         f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
         "Give the KV cache room (vLLM --gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs "

@@ -41,6 +41,7 @@ import duckdb
 from stagescope import names as N
 from stagescope.analysis import cost as CO
 from stagescope.analysis import counterfactual as C
+from stagescope.analysis import fleet_levers as FL
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.engine_levers import output_cap
@@ -84,6 +85,8 @@ def _setting(
         return None if cap is None else f"max output tokens -> {cap:.0f}"
     if lever == N.LEVER_CAP_BATCH_WAIT:
         return f"max batch wait -> {C.batch_wait_cap_ms(ev):g} ms"
+    if lever in C.FLEET_LEVERS:
+        return FL.setting(con, view, attr, ev, lever)
     return None
 
 

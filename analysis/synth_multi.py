@@ -9,6 +9,8 @@ of levers with their settings (what the plan in analysis.plan predicts from the 
   full batches of 256 tokens whose model execution (prefill) takes 50 + 1.95 ms per batch token
   (~550 ms). Scaling on queue depth serves the bursts like the rest (queue p95 ~20 ms); a batch cap
   of ``B`` tokens makes execution ``50 + 1.95 * min(tokens, B)``. p95 ~800 ms; with both ~370 ms.
+  kube-state-metrics' HPA series say what the seed says: the HPA scales on CPU utilization (2
+  replicas of at most 8), so the plan's first step is scale-on-queue-depth (analysis.synth_fleet).
 * ``llm-burst-long-outputs`` (end to end p95 < 1200 ms): a batch client's bursts wait ~1 s for
   replicas and generate ~400 tokens at the normal ~10 ms per token; scaling on queue depth removes
   the wait, an output budget of ``C`` tokens cuts each request to its first ``C - 1`` gaps.
@@ -37,7 +39,7 @@ __all__ = ["MULTI", "MultiIncident", "generate_multi"]
 
 #: The multi-cause incidents: name -> (route, SLO, the levers of the right plan in order).
 MULTI: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "llm-seed-001": (GENERATE, "ttft:p95<500ms", (N.LEVER_SCALE_OUT, N.LEVER_REDUCE_BATCH_TOKENS)),
+    "llm-seed-001": (GENERATE, "ttft:p95<500ms", (N.LEVER_SCALE_ON_QUEUE_DEPTH, N.LEVER_REDUCE_BATCH_TOKENS)),
     "llm-burst-long-outputs": (GENERATE, "p95<1200ms", (N.LEVER_SCALE_OUT, N.LEVER_CAP_OUTPUT_TOKENS)),
     "predict-payload-repeats": (PREDICT, "p99<300ms", (N.LEVER_SHRINK_RESPONSE, N.LEVER_CACHE_RESULTS)),
     # with a price set; without one the plan keeps the phase order (shrink-response last)
@@ -64,7 +66,7 @@ class MultiIncident:
         p = {k: v.copy() for k, v in self.parts.items()}
         name = self.data.scenario.name
         for lever, setting in steps:
-            if lever == N.LEVER_SCALE_OUT:
+            if lever in (N.LEVER_SCALE_OUT, N.LEVER_SCALE_ON_QUEUE_DEPTH):
                 p["queue"] = p["queue_normal"]
             elif lever == N.LEVER_REDUCE_BATCH_TOKENS and setting is not None:
                 p["prefill"] = (EXEC_FIXED_MS + EXEC_PER_TOKEN_MS * np.minimum(p["tokens"], setting)) * p[
@@ -165,6 +167,10 @@ def _llm(name: str, rng: np.random.Generator, n: int, t0: int, dur_s: float) -> 
     data = SynthData(
         sc, req, _layout(trace, start_ns, durs), {"trace_id": trace[owner], "gap_ms": np.concatenate(gaps)}
     )
+    if seed:  # the HPA scales on CPU, as the seed says
+        from stagescope.analysis.synth_fleet import hpa_series  # it builds on this module
+
+        data.metrics += hpa_series(t0 // 10**6, dur_s, current=2.0, max_replicas=8.0)
     parts = {N.STAGE_GATEWAY: gateway, "queue": queue, "queue_normal": queue_normal, "prefill": prefill,
              "tokens": tokens, "noise": noise}  # fmt: skip
     if not seed:  # end to end: decode and the time outside any stage count

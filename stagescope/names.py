@@ -230,6 +230,43 @@ LEVER_PREWARMED_PODS: Final = "prewarmed-pods"
 #: that are reloading, swap them a few at a time behind readiness, then scale back.
 LEVER_SCALE_AHEAD: Final = "scale-ahead-of-swap"
 
+# --- s4-levers-b (issue 18): FLEET levers -----------------------------------------------------------
+#: Scale on queue depth instead of CPU: the autoscaler's target is a resource metric (CPU, memory) that
+#: lags a queue on an accelerator; scale on the queue instead (KEDA's ``prometheus`` trigger on
+#: ``vllm:num_requests_waiting``, or an HPA ``autoscaling/v2`` ``External``/``Pods`` metric; see
+#: shared/docs/REFERENCE.md section 4). Evidence from kube-state-metrics' HPA series or the SLO file's
+#: ``autoscaler_metric``.
+LEVER_SCALE_ON_QUEUE_DEPTH: Final = "scale-on-queue-depth"
+#: Cap the concurrent requests (streams) an engine admits: vLLM ``--max-num-seqs``, SGLang
+#: ``--max-running-requests``, a gateway's max in-flight requests. vLLM's docs (configuration/
+#: optimization.md, "Preemption"): with too little KV cache for the batch, requests are preempted and
+#: recomputed; "Decrease max_num_seqs or max_num_batched_tokens" when no memory is left to give.
+LEVER_CONCURRENCY_LIMIT: Final = "concurrency-limit"
+#: Route a request to the replica whose KV cache holds its prefix: vLLM production-stack router
+#: ``routingLogic: kvaware`` / ``prefixaware`` (docs use_cases/kv-cache-aware-routing), SGLang router
+#: ``--policy cache_aware``, llm-d's prefix-cache scorer.
+LEVER_KV_CACHE_AWARE_ROUTING: Final = "kv-cache-aware-routing"
+#: kube-state-metrics' HPA series (kubernetes/kube-state-metrics docs/horizontalpodautoscaler-metrics.md;
+#: internal/store/hpa.go: ``metric_name`` is the resource's name, ``cpu`` or ``memory``, for a Resource
+#: metric, the metric's name otherwise; ``metric_target_type`` one of value / utilization / average).
+KSM_HPA_SPEC_TARGET_METRIC: Final = "kube_horizontalpodautoscaler_spec_target_metric"
+KSM_HPA_SPEC_MAX_REPLICAS: Final = "kube_horizontalpodautoscaler_spec_max_replicas"
+KSM_HPA_SPEC_MIN_REPLICAS: Final = "kube_horizontalpodautoscaler_spec_min_replicas"
+KSM_HPA_CURRENT_REPLICAS: Final = "kube_horizontalpodautoscaler_status_current_replicas"
+KSM_HPA_DESIRED_REPLICAS: Final = "kube_horizontalpodautoscaler_status_desired_replicas"
+KSM_LABEL_HPA: Final = "horizontalpodautoscaler"
+KSM_LABEL_METRIC_NAME: Final = "metric_name"
+KSM_LABEL_METRIC_TARGET_TYPE: Final = "metric_target_type"
+#: Autoscaler metrics that are resources, not load: an autoscaler on these alone lags a queue.
+AUTOSCALER_RESOURCE_METRICS: Final[frozenset[str]] = frozenset({"cpu", "memory"})
+#: Labels of vllm:cache_config_info (vLLM CacheConfig.metrics_info: every cache setting as a label).
+VLLM_LABEL_GPU_MEMORY_UTILIZATION: Final = "gpu_memory_utilization"
+VLLM_LABEL_NUM_GPU_BLOCKS: Final = "num_gpu_blocks"
+VLLM_LABEL_BLOCK_SIZE: Final = "block_size"
+#: Labels that tell one replica's (one KV cache's) series from another's: a Prometheus scrape's
+#: ``instance``, Kubernetes' ``pod``, vLLM's data-parallel ``engine``, SGLang's ``dp_rank``.
+REPLICA_LABELS: Final[tuple[str, ...]] = ("instance", "pod", "engine", "dp_rank")
+
 LEVERS: Final[tuple[str, ...]] = (
     LEVER_CACHE_FEATURES,
     LEVER_CACHE_RESULTS,
@@ -251,24 +288,29 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_SURGE_READINESS,
     LEVER_PREWARMED_PODS,
     LEVER_SCALE_AHEAD,
+    LEVER_SCALE_ON_QUEUE_DEPTH,
+    LEVER_CONCURRENCY_LIMIT,
+    LEVER_KV_CACHE_AWARE_ROUTING,
 )
 
 #: The order a plan applies levers in when one is not enough (analysis.plan): phase -> its levers,
 #: phases in the seeds' order of practice: measure (time in no stage: add spans, no lever), fix the
-#: autoscaler's signal (``scale-out`` here means scaling on queue depth, not CPU: every other lever's
-#: prediction reads the queue the autoscaler leaves), cut per-request cost, batching, caching, then
+#: autoscaler's signal (``scale-on-queue-depth`` where the autoscaler is seen scaling on CPU, else
+#: ``scale-out``: every other lever's prediction reads the queue the autoscaler leaves), cut
+#: per-request cost, batching, caching, then
 #: capacity (memory and processes added to the serving engine). A lever in no phase goes last.
 LEVER_PHASES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("measure", ()),
-    ("autoscale-signal", (LEVER_SCALE_OUT,)),
+    ("autoscale-signal", (LEVER_SCALE_ON_QUEUE_DEPTH, LEVER_SCALE_OUT)),
     ("per-request-cost", (
         LEVER_QUANTIZE, LEVER_COMPILE_RUNTIME, LEVER_OFFLOAD_PREPROCESSING, LEVER_SHRINK_REQUEST,
         LEVER_SHRINK_RESPONSE, LEVER_CAP_OUTPUT_TOKENS, LEVER_PREWARM,
     )),
     ("batching", (
         LEVER_CAP_BATCH_WAIT, LEVER_REDUCE_BATCH_TOKENS, LEVER_CHUNKED_PREFILL, LEVER_SPECULATIVE_DECODING,
+        LEVER_CONCURRENCY_LIMIT,
     )),
-    ("caching", (LEVER_CACHE_FEATURES, LEVER_CACHE_RESULTS, LEVER_PREFIX_CACHING)),
+    ("caching", (LEVER_CACHE_FEATURES, LEVER_CACHE_RESULTS, LEVER_PREFIX_CACHING, LEVER_KV_CACHE_AWARE_ROUTING)),
     ("capacity", (
         LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS, LEVER_SURGE_READINESS, LEVER_PREWARMED_PODS,
         LEVER_SCALE_AHEAD,

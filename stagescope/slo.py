@@ -9,7 +9,10 @@ Two ways to state an SLO:
   ``objective`` (for example 0.99, read by the analysis as the p99), ``window`` (default ``30d``) and
   optional ``quality_budget``: the points of accuracy (on the model's eval set, as the service exports
   it) that a lever changing the model may cost, for example 0.5; a lever that costs more is marked
-  not acceptable and the next lever is recommended.
+  not acceptable and the next lever is recommended; optional ``accelerator_price_per_hour`` (cost
+  figures in money) and ``autoscaler_metric``: what the service's autoscaler scales on (``cpu``,
+  ``memory`` or a metric name), read by the fleet lever rules where kube-state-metrics' HPA series
+  are not scraped (a queue tail while it scales on CPU: scale on queue depth instead).
 
 SLI definitions (server side): ``e2e`` is request arrival to last byte written; ``ttft`` is request
 arrival to first token written; ``itl`` is the gap between two consecutive tokens of one stream, one
@@ -35,7 +38,7 @@ from typing import Any
 import yaml
 
 from stagescope.errors import UserError
-from stagescope.names import SLI_E2E, SLIS
+from stagescope.names import SLI_E2E, SLIS, VLLM_NUM_WAITING
 from stagescope.safe_yaml import load_config_yaml
 from stagescope.validate import check_number, check_text
 
@@ -67,6 +70,9 @@ class SLO:
     quality_budget: float | None = None
     #: price of one accelerator-hour (any currency); None: the report gives accelerator-seconds only
     accelerator_price_per_hour: float | None = None
+    #: the metric the service's autoscaler scales on (``cpu``, ``memory``, or a metric name such as
+    #: ``vllm:num_requests_waiting``), where kube-state-metrics' HPA series are not scraped; None: unknown
+    autoscaler_metric: str | None = None
 
     def __post_init__(self) -> None:
         if self.sli not in SLIS:
@@ -93,6 +99,8 @@ class SLO:
             raise ValueError(f"window must be at most 366d, got {self.window[:40]!r}")
         if self.quality_budget is not None:
             check_number(self.quality_budget, "quality_budget (accuracy points)", lo=0.0, hi=100.0, error=ValueError)
+        if self.autoscaler_metric is not None:
+            check_autoscaler_metric(self.autoscaler_metric)
         if self.accelerator_price_per_hour is not None:
             check_number(
                 self.accelerator_price_per_hour,
@@ -137,6 +145,7 @@ class SLO:
             "spec": self.spec,
             "quality_budget": self.quality_budget,
             "accelerator_price_per_hour": self.accelerator_price_per_hour,
+            "autoscaler_metric": self.autoscaler_metric,
         }
 
 
@@ -220,7 +229,7 @@ def load_slo_file(path: str | Path) -> list[SLO]:
 
 _KNOWN_KEYS = frozenset(
     {"name", "service", "sli", "route", "model", "threshold_ms", "objective", "window", "description",
-     "quality_budget", "accelerator_price_per_hour"}
+     "quality_budget", "accelerator_price_per_hour", "autoscaler_metric"}
 )
 
 
@@ -258,7 +267,26 @@ def _slo_from_item(item: dict[str, Any]) -> SLO:
             lo_open=True,
             error=ValueError,
         ),
+        autoscaler_metric=None
+        if item.get("autoscaler_metric") is None
+        else check_autoscaler_metric(item["autoscaler_metric"]),
     )
+
+
+#: ``autoscaler_metric``: a Kubernetes resource name (``cpu``) or a metric name as an HPA or KEDA
+#: names it (letters, digits and ``_ : . / -``, starting with a letter or ``_``).
+AUTOSCALER_METRIC_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_:./-]{0,255}")
+
+
+def check_autoscaler_metric(value: Any) -> str:
+    """The SLO's ``autoscaler_metric``, checked: text naming one metric; ``ValueError`` otherwise."""
+    text = check_text(value, "autoscaler_metric", max_len=256, error=ValueError)
+    if not AUTOSCALER_METRIC_PATTERN.fullmatch(text):
+        raise ValueError(
+            "autoscaler_metric must name one metric (cpu, memory, or a metric name such as "
+            f"{VLLM_NUM_WAITING}: letters, digits, _ : . / -), got {text[:80]!r}"
+        )
+    return text
 
 
 def _bad_window(item: dict[str, Any]) -> str:

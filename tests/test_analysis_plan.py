@@ -42,8 +42,9 @@ def test_seed_001_example() -> None:
     _, rep = _report("llm-seed-001")
     assert rep["breached"] and abs(rep["quantile_ms"] - 800) < 0.05 * 800
     preds = {lv["lever"]: lv["predicted_p99_ms"] for lv in rep["levers"]}
-    assert preds[N.LEVER_SCALE_OUT] > 500 and preds[N.LEVER_REDUCE_BATCH_TOKENS] > 500  # neither alone
-    assert [s["lever"] for s in rep["plan"]] == [N.LEVER_SCALE_OUT, N.LEVER_REDUCE_BATCH_TOKENS]
+    assert preds[N.LEVER_SCALE_ON_QUEUE_DEPTH] > 500 and preds[N.LEVER_REDUCE_BATCH_TOKENS] > 500  # neither alone
+    # the HPA scales on CPU (kube-state-metrics' series): queue-depth scaling, not a bare scale-out
+    assert [s["lever"] for s in rep["plan"]] == [N.LEVER_SCALE_ON_QUEUE_DEPTH, N.LEVER_REDUCE_BATCH_TOKENS]
     assert rep["plan_status"] == N.PLAN_MET and "plan_left" not in rep
     assert rep["plan"][1]["setting"] == "max batch tokens 256 -> 128"
     assert abs(rep["plan"][-1]["predicted_quantile_ms"] - 370) <= 0.10 * 370
@@ -58,7 +59,7 @@ def test_seed_001_example() -> None:
         }
         lo, hi = step["interval_ms"]
         assert lo is not None and hi is not None and lo <= step["predicted_quantile_ms"] <= hi
-    # scale-out doubles the executors: a positive cost change, in money at the SLO's price
+    # the queue-depth autoscaler doubles the replicas (2 of at most 8): a positive cost change, in money
     cd = rep["plan"][0]["cost_delta"]
     assert cd["relative"] == pytest.approx(1.0) and cd["sign"] == "+" and cd["per_1k_requests"] > 0
     # the same breakdown without a price: intervals, no cost change
@@ -67,7 +68,7 @@ def test_seed_001_example() -> None:
     assert [s["interval_ms"] for s in bare["plan"]] == [s["interval_ms"] for s in rep["plan"]]
     # composed, not added: the second step's prediction is its own model on the first step's outcome
     first = rep["plan"][0]["predicted_quantile_ms"]
-    assert first == pytest.approx(preds[N.LEVER_SCALE_OUT], abs=0.01)
+    assert first == pytest.approx(preds[N.LEVER_SCALE_ON_QUEUE_DEPTH], abs=0.01)
     assert rep["plan"][1]["predicted_quantile_ms"] < first
 
 
@@ -95,7 +96,7 @@ def test_levers_run_out() -> None:
     S.to_tables(con, inc.data)
     tight = analyze(con, "ttft:p95<330ms")
     assert tight["plan_status"] == N.PLAN_NOT_MET
-    assert [s["lever"] for s in tight["plan"]] == [N.LEVER_SCALE_OUT, N.LEVER_REDUCE_BATCH_TOKENS]
+    assert [s["lever"] for s in tight["plan"]] == [N.LEVER_SCALE_ON_QUEUE_DEPTH, N.LEVER_REDUCE_BATCH_TOKENS]
     left = tight["plan_left"]
     assert left["gap_ms"] == pytest.approx(tight["plan"][-1]["predicted_quantile_ms"] - 330, abs=0.01)
     assert left["gap_ms"] > 0 and left["stage"] == N.STAGE_PREFILL
@@ -118,7 +119,7 @@ def test_single_cause_scenarios_need_no_plan(name: str) -> None:
 def test_plan_in_text_and_html() -> None:
     _, rep = _report("llm-seed-001")
     text = to_text(rep)
-    assert "Plan" in text and "1. scale-out" in text and "2. reduce-batch-tokens" in text
+    assert "Plan" in text and "1. scale-on-queue-depth" in text and "2. reduce-batch-tokens" in text
     html = to_html(rep)
     assert "<ol" in html and "reduce-batch-tokens" in html and "max batch tokens 256 -&gt; 128" in html
 
