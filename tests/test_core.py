@@ -26,6 +26,7 @@ def test_vocabularies_are_the_pinned_ones() -> None:
         "shrink-response", "chunked-prefill", "speculative-decoding", "shrink-request",
         "more-api-servers", "cap-output-tokens", "kv-cache-headroom", "prefix-caching",
         "surge-with-readiness", "prewarmed-pods", "scale-ahead-of-swap",
+        "scale-on-queue-depth", "concurrency-limit", "kv-cache-aware-routing",
     )  # fmt: skip
 
 
