@@ -47,6 +47,7 @@ from stagescope.analysis.engine_levers import output_cap
 from stagescope.analysis.interval_sql import breakdown_estimate
 from stagescope.analysis.llm_levers import batch_cap
 from stagescope.analysis.weighting import breakdown_quantile, recording
+from stagescope.analysis.workload_levers import setting as workload_setting
 
 __all__ = ["build_plan", "phase_of"]
 
@@ -84,7 +85,7 @@ def _setting(
         return None if cap is None else f"max output tokens -> {cap:.0f}"
     if lever == N.LEVER_CAP_BATCH_WAIT:
         return f"max batch wait -> {C.batch_wait_cap_ms(ev):g} ms"
-    return None
+    return workload_setting(ev, lever)
 
 
 def _apply(con: duckdb.DuckDBPyConnection, attr: Attribution, src: str, expr: str, stage: str) -> None:
