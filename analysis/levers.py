@@ -307,7 +307,7 @@ RULES: tuple[Rule, ...] = (
          lambda ev, st: WR.prompt_why(ev, _stage_line(ev, st))),
     Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
-        "prefill so prompt processing is interleaved with other requests.")),
+        "prefill so prompt processing is interleaved with other requests." + WR.chunked_budget_note(ev))),
     Rule(N.KIND_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, ER.long_outputs, lambda ev, st: (
         f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
         "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "

@@ -17,7 +17,9 @@ measured lines of their rationales. Evidence keys (None where the data lacks the
 * **long prompts** (per-request SLIs with a prefill stage and prompt tokens): ``prompt_cap_tokens``,
   the baseline requests' SLO quantile of prompt tokens; ``long_prompt_share_tail``, the share of tail
   requests whose prompt is over it; ``prefill_ms_per_token_long`` / ``_baseline``: median prefill ms
-  per prompt token of those long tail requests and of the baseline;
+  per prompt token of those long tail requests and of the baseline; where those point to long prompts
+  at the normal cost, ``long_prefill_gap_ratio`` (median gap of other streams beside a prefill over the
+  cap, over the median gap beside none) and ``long_prefill_gaps`` (how many such gaps);
 * **streaming route** (any SLI): ``streaming_share``, the share of the SLO's requests that stream tokens
   (a first-token time or more than one output token); ``batch_close_together``: the share of batch-wait
   stage rows that end at the same instant (within 1 ms) as another request's, a batch closing;
@@ -72,12 +74,17 @@ INTERFERENCE_SHARE = 0.6
 INTERFERENCE_LIFT = 2.0
 #: A slow gap at least this share of the prefill it overlaps held the whole prompt: chunked prefill off.
 WHOLE_PREFILL = 0.5
-#: Share of tail requests over the prompt cap for "the slow requests are the long prompts".
-LONG_PROMPT_SHARE = 0.5
+#: Share of tail requests over the prompt cap for "the slow requests are the long prompts" (a tail that
+#: also holds many short prompts waiting behind long ones is chunked prefill's: see llm-long-prompts).
+LONG_PROMPT_SHARE = 0.75
 #: Tail prompts at least this many times the baseline's (mean tokens) count as long.
 LONG_PROMPT_RATIO = 1.5
 #: Per-token prefill cost of the long tail prompts at most this many times the baseline's: normal cost.
 SAME_PREFILL_COST = 1.25
+#: Gaps beside a long prefill at most this many times the gaps beside none: the engine interleaved it.
+INTERLEAVED_GAP_RATIO = 3.0
+#: Gaps beside long prefills needed to judge that.
+MIN_OVERLAP_GAPS = 20
 #: Share of the SLO's requests that stream tokens for a "generate" route.
 STREAMING_SHARE = 0.5
 #: Share of batch-wait rows ending with another request's for batches that close together.
@@ -110,8 +117,6 @@ def gap_overlaps(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
     model) that ran during it and the largest prompt among them; ``over``: one did). False where it
     cannot be built: no per-gap samples, token_gaps a view (no row ids to keep the span's order of the
     gaps), or no decode and prefill stages with times."""
-    if view.per_request:
-        return False
     eng = "coalesce(r.service, '') || '|' || coalesce(r.model, '')"
     reqs = (
         "(SELECT trace_id, any_value(service) AS service, any_value(model) AS model, "
@@ -121,7 +126,8 @@ def gap_overlaps(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE {GAP_OVERLAP} AS
             WITH g AS (SELECT g.rowid AS gid, g.trace_id, g.gap_ms FROM token_gaps g
-                       WHERE g.gap_ms IS NOT NULL AND g.trace_id IN (SELECT trace_id FROM {view.name})),
+                       WHERE g.gap_ms IS NOT NULL
+                       AND g.trace_id IN (SELECT trace_id FROM requests WHERE {view.request_filter})),
                 d AS (SELECT trace_id, min(start_unix_ns) AS d0 FROM stages WHERE {_kind_cond(con, N.KIND_DECODE)}
                       GROUP BY 1),
                 e AS (SELECT g.gid, g.trace_id, g.gap_ms, {eng} AS eng,
@@ -144,7 +150,7 @@ def gap_overlaps(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
 
 def _interference(con: duckdb.DuckDBPyConnection, view: SLIView) -> Evidence:
     """Prefill interference of the gaps (see the module docstring); {} without :func:`gap_overlaps`."""
-    if not gap_overlaps(con, view):
+    if view.per_request or not gap_overlaps(con, view):
         return {}
     thr = float(view.slo.threshold_ms)
     row = con.execute(
@@ -186,6 +192,22 @@ def _long_prompts(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attributi
         "long_prompt_share_tail": _r(row[0]) if row else None,
         "prefill_ms_per_token_long": _r(per_long), "prefill_ms_per_token_baseline": _r(per_base),
     }  # fmt: skip
+
+
+def _interleaved(con: duckdb.DuckDBPyConnection, view: SLIView, cap: float) -> Evidence:
+    """Whether the engine kept decoding other streams while prompts over ``cap`` tokens prefilled:
+    the median gap beside such a prefill over the median gap beside none (near 1: the prompt was
+    interleaved with the decodes, chunked; the prefill's length: it held the engine)."""
+    if not gap_overlaps(con, view):
+        return {}
+    row = con.execute(
+        f"""SELECT median(gap_ms) FILTER (WHERE over AND tokens > {cap!r}), median(gap_ms) FILTER (WHERE NOT over),
+                   count(*) FILTER (WHERE over AND tokens > {cap!r})
+            FROM {GAP_OVERLAP}"""
+    ).fetchone()
+    if not row or row[0] is None or not row[1]:
+        return {}
+    return {"long_prefill_gap_ratio": _r(float(row[0]) / float(row[1]), 3), "long_prefill_gaps": int(row[2])}
 
 
 def _streams(con: duckdb.DuckDBPyConnection, view: SLIView) -> Evidence:
@@ -231,6 +253,8 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev:
     out: Evidence = {}
     out.update(_interference(con, view))
     out.update(_long_prompts(con, view, attr))
+    if _long_at_normal_cost(out | {k: ev.get(k) for k in ("input_tokens_tail", "input_tokens_baseline")}):
+        out.update(_interleaved(con, view, float(out["prompt_cap_tokens"])))  # only where it can decide
     out.update(_streams(con, view))
     out.update(_escalation(con, view))
     out["small_model_measured"] = bool(QL.speed_curve(ev.get("model") or {}, N.LEVER_CASCADE_SMALL_MODEL))
@@ -272,7 +296,21 @@ def interference_line(ev: Evidence) -> str:
 def long_prompts_at_normal_cost(ev: Evidence) -> bool:
     """The slow requests are themselves the long prompts (most of the tail is over the baseline's
     prompt quantile, the tail's mean prompt LONG_PROMPT_RATIO times the baseline's) at the baseline's
-    per-token prefill cost: a budget, not scheduling, shortens them."""
+    per-token prefill cost, on an engine seen to keep decoding other streams while they prefill (their
+    prompts are already interleaved: chunked prefill would change nothing): a budget, not scheduling,
+    shortens them. Without that sight (no per-gap samples) chunked prefill, a flag, is tried first."""
+    ratio, n = ev.get("long_prefill_gap_ratio"), ev.get("long_prefill_gaps")
+    if ratio is None or n is None or int(n) < MIN_OVERLAP_GAPS or float(ratio) > INTERLEAVED_GAP_RATIO:
+        return False
+    return _long_at_normal_cost(ev)
+
+
+def budget_not_proven(ev: Evidence) -> bool:
+    """The long-prompt evidence holds but the engine was not seen interleaving them (see above)."""
+    return _long_at_normal_cost(ev) and not long_prompts_at_normal_cost(ev)
+
+
+def _long_at_normal_cost(ev: Evidence) -> bool:
     share, per_l, per_b = (ev.get(k) for k in ("long_prompt_share_tail", "prefill_ms_per_token_long",
                                                "prefill_ms_per_token_baseline"))  # fmt: skip
     it, ib = ev.get("input_tokens_tail"), ev.get("input_tokens_baseline")
@@ -292,6 +330,12 @@ def prompt_line(ev: Evidence) -> str:
         f"{_n(ev.get('input_tokens_tail'), nd=0)} tokens vs {_n(ev.get('input_tokens_baseline'), nd=0)}, prefilled at "
         f"{_n(ev.get('prefill_ms_per_token_long'), ' ms', 3)} vs {_n(ev.get('prefill_ms_per_token_baseline'), ' ms', 3)} "
         "per token"
+        + (
+            f"; gaps of other streams beside those prefills are x{float(ev['long_prefill_gap_ratio']):.1f} the "
+            "gaps beside none (the engine interleaves the prompts)"
+            if ev.get("long_prefill_gap_ratio") is not None
+            else ""
+        )
     )
 
 
@@ -338,6 +382,18 @@ def cascade_line(ev: Evidence) -> str:
 
 
 # -- rationales (``stage_line``: levers' line naming the stage and its share of the excess) ----------
+def chunked_budget_note(ev: Evidence) -> str:
+    """For the prefill rule of chunked prefill: where the tail is long prompts at the normal per-token
+    cost but the engine was not seen interleaving them, what to do after it."""
+    if not budget_not_proven(ev):
+        return ""
+    return (
+        f" The slow requests are also long prompts at the normal per-token cost ({prompt_line(ev)}): if chunked "
+        f"prefill is already on, set a prompt-length budget ({N.LEVER_CAP_PROMPT_TOKENS}; per-gap samples, "
+        f"{N.ATTR_TOKEN_GAPS}, would tell)."
+    )
+
+
 def chunked_why(ev: Evidence, stage_line: str) -> str:
     return (
         f"{stage_line}; {interference_line(ev)}: whole prompts run in one engine step beside the decodes, so "
