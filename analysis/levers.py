@@ -14,7 +14,13 @@ per-request cost, owns the tail. For LLM engines (the evidence in
 replicas; prefill of prompts that repeat with the prefix cache off gets prefix caching before chunked
 prefill; a decode tail of long outputs at the baseline's time per token gets an output budget, not
 faster decoding; the engine's front end (its API server, kind ``cpu``) gets more API-server
-processes, and a gateway in front of it (kind ``network``) is measured first. A rule may name the
+processes, and a gateway in front of it (kind ``network``) is measured first. Workload levers
+(:mod:`~stagescope.analysis.workload_rules`): inter-token gaps that spike beside other requests'
+prefills get chunked prefill (a flag) when a whole prompt ran in one step, else separate prefill and
+decode pools (more GPUs), both before a smaller batch; long prompts at the normal per-token cost on
+an engine seen interleaving them get a prompt budget before chunked prefill; a static batcher on a
+streaming route gets continuous batching before a shorter batch wait; a measured cascade (small
+model, escalation rate) follows a rejected quantize. A rule may name the
 one stage it is for (``Rule.stage``); it then applies to that stage only, ahead of its kind's
 general rules. Low accelerator utilization with a slow CPU stage points to the pipeline, not the
 model. Rules are tried top to bottom; the first whose kind matches and whose

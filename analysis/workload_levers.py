@@ -44,12 +44,16 @@ from stagescope.analysis.llm_levers import CHUNK_TOKENS
 from stagescope.analysis.weighting import weighted_slope
 from stagescope.analysis.workload_rules import GAP_OVERLAP, gap_overlaps
 
-__all__ = ["WORKLOAD_LEVERS", "cost_effect", "prediction", "setting"]
+__all__ = ["ADDS_TIME", "WORKLOAD_LEVERS", "cost_effect", "prediction", "setting"]
 
 WORKLOAD_LEVERS: frozenset[str] = frozenset({
     N.LEVER_SEPARATE_PREFILL_DECODE, N.LEVER_CAP_PROMPT_TOKENS, N.LEVER_CONTINUOUS_BATCHING,
     N.LEVER_CASCADE_SMALL_MODEL,
 })  # fmt: skip
+
+#: Levers whose model can make a request slower (escalated requests pay both models): analysis.plan
+#: keeps that added time when it composes them.
+ADDS_TIME: frozenset[str] = frozenset({N.LEVER_CASCADE_SMALL_MODEL})
 
 Prediction = tuple[Any, str]
 

@@ -84,6 +84,9 @@ def test_cascade_follows_a_rejected_quantize_with_the_measured_escalation_rate()
     rate = float(np.mean(inc.parts["escalated"]))
     assert rep["evidence"]["escalation_rate"] == pytest.approx(rate, abs=1e-3)
     assert f"{rate:.1%} of requests escalate" in chosen["rationale"]
+    # the plan composes it with the escalated requests' added time kept (they pay both models)
+    assert rep["plan"][0]["lever"] == N.LEVER_CASCADE_SMALL_MODEL
+    assert rep["plan"][0]["predicted_quantile_ms"] == pytest.approx(chosen["predicted_p99_ms"], rel=1e-3)
     # without the attribute the rate is unknown, and said so: no effect model
     con = duckdb.connect()
     S.to_tables(con, inc.data)
@@ -96,6 +99,23 @@ def test_cascade_follows_a_rejected_quantize_with_the_measured_escalation_rate()
                                                   if N.LEVER_CASCADE_SMALL_MODEL not in m[1].values()])  # fmt: skip
     S.to_tables(con, data)
     assert N.LEVER_CASCADE_SMALL_MODEL not in _levers(analyze(con, inc.slo))
+
+
+def test_escalations_are_read_from_otlp_spans(tmp_path: Path) -> None:
+    from stagescope.analysis.ingest import load_dataset
+
+    inc = W.generate("predict-large-model", 800, seed=2)
+    traces, metrics = tmp_path / "t.jsonl", tmp_path / "m.prom"
+    S.write_otlp(inc.data, traces)
+    S.write_metrics(inc.data, metrics)
+    ds = load_dataset(traces=[traces], metrics=[metrics])
+    try:
+        rep = analyze(ds, inc.slo)
+    finally:
+        ds.close()
+    assert rep["verdict"] == {"stage": N.STAGE_COMPUTE, "lever": N.LEVER_CASCADE_SMALL_MODEL}
+    assert rep["evidence"]["escalation_rate"] == pytest.approx(float(np.mean(inc.parts["escalated"])), abs=1e-3)
+    assert rep["evidence"]["escalation_known_share"] == 1.0
 
 
 def test_cost_effects_have_their_signs() -> None:
