@@ -58,6 +58,11 @@ ADDS_TIME: frozenset[str] = frozenset({N.LEVER_CASCADE_SMALL_MODEL})
 Prediction = tuple[Any, str]
 
 
+def _d(x: float) -> str:
+    """A float literal as a DOUBLE (a bare literal is a DECIMAL in DuckDB, whose products overflow)."""
+    return f"CAST({float(x)!r} AS DOUBLE)"
+
+
 def _gaps_src(view: SLIView) -> tuple[str, str | None]:
     """The overlap table with each gap's stream weight (``w``) where the view is weighted."""
     if view.weight is None:
@@ -94,7 +99,7 @@ def _chunked(con: duckdb.DuckDBPyConnection, view: SLIView) -> Prediction | None
     if not row or row[0] is None:
         return None
     med = float(row[0])
-    expr = (f"CASE WHEN over AND tokens > 0 THEN least(gap_ms, {med!r} + {CHUNK_TOKENS} * pf_ms / tokens) "
+    expr = (f"CASE WHEN over AND tokens > 0 THEN least(gap_ms, {_d(med)} + {CHUNK_TOKENS} * pf_ms / tokens) "
             "ELSE gap_ms END")  # fmt: skip
     return _q(con, src, expr, view.slo.quantile, weight=w), (
         f"a gap beside another request's prefill carries one {CHUNK_TOKENS}-token chunk of it: at most the "
@@ -118,8 +123,8 @@ def _prompt_cap(
     a = max(0.0, float(row[0]) - b * float(row[1]))
     # a request over the cap keeps its own speed: its prefill scaled by the fitted time at the cap over
     # the fitted time at its prompt
-    scale = f"({a!r} + {b!r} * {float(cap)!r}) / ({a!r} + {b!r} * tokens)"
-    pred = _q(con, src, f"value_ms - CASE WHEN tokens > {float(cap)!r} THEN {col} * (1 - {scale}) ELSE 0 END",
+    scale = f"({_d(a)} + {_d(b)} * {_d(cap)}) / ({_d(a)} + {_d(b)} * tokens)"
+    pred = _q(con, src, f"value_ms - CASE WHEN tokens > {_d(cap)} THEN {col} * (1 - {scale}) ELSE 0 END",
               view.slo.quantile, attr)  # fmt: skip
     return pred, (
         f"prompts capped at {float(cap):.0f} tokens (the baseline's p{view.slo.quantile * 100:g}); a longer one's "
@@ -145,7 +150,7 @@ def _cascade(
         )
     ratio = QL.ratio_sql(curve, col)
     own = "r.escalated" if has_columns(con, "requests", "escalated") else "NULL"
-    src = f"""(SELECT b.*, coalesce(e.esc, {Q.uniform_rank_sql("b.trace_ref")} < {float(rate)!r}) AS esc FROM {BREAKDOWN} b
+    src = f"""(SELECT b.*, coalesce(e.esc, {Q.uniform_rank_sql("b.trace_ref")} < {_d(rate)}) AS esc FROM {BREAKDOWN} b
                LEFT JOIN (SELECT r.{trace_ref(con)} AS trace_ref, start_unix_ns, bool_or({own}) AS esc
                           FROM requests r WHERE {view.request_filter} GROUP BY ALL) e USING (trace_ref, start_unix_ns))"""
     expr = f"value_ms - {col} + {col} * {ratio} + CASE WHEN esc THEN {col} ELSE 0 END"
@@ -185,7 +190,7 @@ def prediction(
                 None,
                 "no effect model: no time per output token to size one decode step; measure after applying",
             )
-        return _q(con, with_columns("1 AS one"), f"value_ms - {col} + least({col}, {float(step)!r})",
+        return _q(con, with_columns("1 AS one"), f"value_ms - {col} + least({col}, {_d(step)})",
                   view.slo.quantile, attr), (
             f"a request joins the running batch at the next decode step: its batch wait at most one step "
             f"({float(step):.1f} ms, the median time per output token), the steps at their measured time"
@@ -230,7 +235,7 @@ def cost_effect(
     if lever == N.LEVER_CAP_PROMPT_TOKENS:
         cap = ev.get("prompt_cap_tokens")
         row = con.execute(
-            f"SELECT sum(least(input_tokens, {float(cap)!r})) / nullif(sum(input_tokens), 0) FROM requests "
+            f"SELECT sum(least(input_tokens, {_d(cap)})) / nullif(sum(input_tokens), 0) FROM requests "
             f"WHERE {view.request_filter} AND input_tokens > 0"
         ).fetchone() if cap is not None else None  # fmt: skip
         if not row or row[0] is None:

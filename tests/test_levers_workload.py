@@ -237,3 +237,18 @@ def test_the_levers_have_their_names_and_phases() -> None:
     assert phases[N.LEVER_CAP_PROMPT_TOKENS] == phases[N.LEVER_CASCADE_SMALL_MODEL] == "per-request-cost"
     assert phases[N.LEVER_CONTINUOUS_BATCHING] == "batching"
     assert phases[N.LEVER_SEPARATE_PREFILL_DECODE] == "capacity"
+
+
+@pytest.mark.parametrize("name", ["llm-static-batches", "llm-long-contexts"])
+def test_json_and_text_reports_carry_the_lever_and_its_rationale(name: str) -> None:
+    import json
+
+    from stagescope.analysis.report import to_json, to_text
+
+    inc, rep = _incident(name, seed=4)
+    lever = inc.data.scenario.lever
+    doc = json.loads(to_json(rep))
+    first = doc["levers"][0]
+    assert first["lever"] == lever and "Predicted:" in first["rationale"] and first["predicted_p99_ms"] is not None
+    text = to_text(rep)
+    assert lever in text and first["rationale"][:60] in text
