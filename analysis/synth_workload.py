@@ -269,6 +269,7 @@ def _large_model(sc: S.Scenario, rng: np.random.Generator, n: int, t0: int, dur_
     req["duration_ms"] = req["duration_ms"] + (large - old)
     req["client_duration_ms"] = req["client_duration_ms"] + (large - old)
     req["escalated"] = escalated
+    req["batch_size"] = np.ones(n)  # one request per model call (the measured times at 1 row are per request)
     ts = t0 // 10**6
     for variant, (batch_s, acc) in LARGE_VARIANTS.items():
         labels = {N.LABEL_MODEL: "resnet", N.LABEL_VARIANT: variant}

@@ -17,10 +17,12 @@ dispatches to :func:`prediction`, analysis.cost_levers to :func:`cost_effect`, a
 * ``continuous-batching`` (TTFT, end to end): a request joins the running batch at the next decode
   step, so its batch wait is at most one step (``decode_step_ms``, the median time per output token);
   the steps keep their measured time (a larger running batch would make each a little slower).
-* ``cascade-small-model`` (compute or decode): every request runs on the small model first, its stage
-  time scaled by the ratio of the small model's to the served model's batch time the service measured
-  (variant ``cascade-small-model`` of ``stagescope_model_variant_batch_seconds``, as for quantize); an
-  escalated request then pays the large model's time too. Which requests escalate: their own
+* ``cascade-small-model`` (compute or decode): every request runs on the small model first, for the
+  batch time the service measured for the small model (variant ``cascade-small-model`` of
+  ``stagescope_model_variant_batch_seconds``) at the request's batch size, linear between the measured
+  sizes: a different, smaller model's time is not a share of this request's time on the large one (a
+  hard input the large model is slow on is not slow in proportion on the small one); an escalated
+  request then pays its large-model time too. Which requests escalate: their own
   ``stagescope.escalated`` where they carry it, else the measured rate applied by a deterministic rank.
   Without the measured batch times or the escalation rate there is no effect model ("measure after
   applying"). Queue time is held fixed.
@@ -28,6 +30,7 @@ dispatches to :func:`prediction`, analysis.cost_levers to :func:`cost_effect`, a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import duckdb
@@ -81,11 +84,17 @@ def _separate(con: duckdb.DuckDBPyConnection, view: SLIView) -> Prediction | Non
             None,
             "no effect model: every gap overlapped a prefill, nothing to compare with; measure after applying",
         )
-    clean = f"(SELECT * FROM {src} WHERE NOT over)"
-    return _q(con, clean, "gap_ms", view.slo.quantile, weight=w), (
+    # each stream's gaps stand for as many as it had: its clean gaps weighted by gaps / clean gaps, so
+    # streams that decoded mostly beside prefills (when the running batch was larger) keep their weight
+    base = "1.0" if w is None else "w"
+    clean = f"""(SELECT *, {base} * n_all / n_clean AS wc FROM (
+                  SELECT *, count(*) OVER (PARTITION BY trace_id) AS n_all,
+                         count(*) FILTER (WHERE NOT over) OVER (PARTITION BY trace_id) AS n_clean FROM {src})
+                WHERE NOT over)"""
+    return _q(con, clean, "gap_ms", view.slo.quantile, weight="wc"), (
         f"decode steps without prompts: the p{view.slo.quantile * 100:g} of the {row[0]} of {row[1]} gaps that "
-        "overlapped no other request's prefill (the decode pool keeps today's running batch; the KV transfer "
-        "is paid before the first token)"
+        "overlapped no other request's prefill, each stream's counted as often as it had gaps (the decode pool "
+        "keeps today's running batch; the KV transfer is paid before the first token)"
     )
 
 
@@ -148,16 +157,33 @@ def _cascade(
             f"no effect model: the escalation rate is unknown (no request carries {N.ATTR_ESCALATED}); "
             "measure it (shadow the small model) or after applying"
         )
-    ratio = QL.ratio_sql(curve, col)
     own = "r.escalated" if has_columns(con, "requests", "escalated") else "NULL"
-    src = f"""(SELECT b.*, coalesce(e.esc, {Q.uniform_rank_sql("b.trace_ref")} < {_d(rate)}) AS esc FROM {BREAKDOWN} b
+    src = f"""(SELECT b.*, coalesce(b.batch_size, 1) AS rows_n,
+                      coalesce(e.esc, {Q.uniform_rank_sql("b.trace_ref")} < {_d(rate)}) AS esc FROM {BREAKDOWN} b
                LEFT JOIN (SELECT r.{trace_ref(con)} AS trace_ref, start_unix_ns, bool_or({own}) AS esc
                           FROM requests r WHERE {view.request_filter} GROUP BY ALL) e USING (trace_ref, start_unix_ns))"""
-    expr = f"value_ms - {col} + {col} * {ratio} + CASE WHEN esc THEN {col} ELSE 0 END"
+    small = _batch_ms_sql(curve, "rows_n")
+    expr = f"value_ms - {col} + {small} + CASE WHEN esc THEN {col} ELSE 0 END"
+    pts = ", ".join(f"{ms * r:.1f} ms at {rows} rows" for ms, r, rows in curve)
     return _q(con, src, expr, view.slo.quantile, attr), (
-        f"{QL.describe_curve(curve, N.LEVER_CASCADE_SMALL_MODEL)}; {float(rate):.1%} of requests escalate "
-        "(their own escalation where marked) and pay the large model's time too; queue held fixed"
+        f"every request first on the small model, at the batch time the service measured for it at the request's "
+        f"batch size ({pts}; linear between), not a share of this request's own time on the large model; "
+        f"{float(rate):.1%} of requests escalate (their own escalation where marked) and pay the large model's "
+        "time too; queue held fixed"
     )
+
+
+def _batch_ms_sql(curve: list[tuple[float, float, int]], rows: str) -> str:
+    """SQL: the small model's measured batch ms at ``rows`` rows, linear between the measured sizes,
+    the nearest one's beyond them."""
+    pts = sorted((float(r), ms * ratio) for ms, ratio, r in curve)
+    if len(pts) == 1:
+        return _d(pts[0][1])
+    parts = [f"WHEN {rows} <= {_d(pts[0][0])} THEN {_d(pts[0][1])}"]
+    for (r0, m0), (r1, m1) in itertools.pairwise(pts):
+        slope = (m1 - m0) / (r1 - r0)
+        parts.append(f"WHEN {rows} <= {_d(r1)} THEN {_d(m0)} + {_d(slope)} * ({rows} - {_d(r0)})")
+    return f"(CASE {' '.join(parts)} ELSE {_d(pts[-1][1])} END)"
 
 
 def prediction(
