@@ -173,7 +173,10 @@ def test_no_new_lever_on_the_engine_faults(tmp_path: Path, layout: str) -> None:
                 rep = analyze(ds, slo)
                 assert not _levers(rep) & NEW, (fault, layout, slo, _levers(rep))
                 if fault == "prefill" and slo.startswith("ttft"):
+                    # long prompts at the normal per-token cost, but no per-gap samples to see whether the
+                    # engine interleaves them: chunked prefill (a flag) first, the budget named after it
                     assert rep["verdict"]["lever"] == N.LEVER_CHUNKED_PREFILL
+                    assert f"set a prompt-length budget ({N.LEVER_CAP_PROMPT_TOKENS}" in rep["levers"][0]["rationale"]
         finally:
             ds.close()
 
