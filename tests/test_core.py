@@ -24,6 +24,8 @@ def test_vocabularies_are_the_pinned_ones() -> None:
         "reduce-batch-tokens", "scale-out", "prewarm", "quantize", "compile-runtime",
         "shrink-response", "chunked-prefill", "speculative-decoding", "shrink-request",
         "more-api-servers", "cap-output-tokens", "kv-cache-headroom", "prefix-caching",
+        # s4-levers-a (issue 18, workload levers)
+        "separate-prefill-decode", "cap-prompt-tokens", "continuous-batching", "cascade-small-model",
     )  # fmt: skip
 
 
