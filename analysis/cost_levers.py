@@ -17,6 +17,7 @@ from stagescope.analysis import counterfactual as C
 from stagescope.analysis import fleet_levers as FL
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
+from stagescope.analysis import workload_levers as WL
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.counterfactual import batch_wait_cap_ms, weighted_slope
@@ -108,6 +109,8 @@ def lever_effect(
     new over current, None where unknown; ``model``: the statement; ``sign``), on this data."""
     if lever is None:
         return _factor(1.0, 1.0, "no lever", "0")
+    if lever in WL.WORKLOAD_LEVERS:
+        return WL.cost_effect(con, view, attr, ev, lever)
     if lever in _OFF_ACCELERATOR:
         return _factor(1.0, 1.0, _OFF_ACCELERATOR[lever], "0")
     if lever in C.FLEET_LEVERS:

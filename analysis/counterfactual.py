@@ -56,6 +56,8 @@ Model (stated, with its limits):
     like the baseline's repeats (analysis.fleet_levers);
   - the fleet levers (``scale-on-queue-depth``, ``concurrency-limit``, ``kv-cache-aware-routing``):
     :mod:`~stagescope.analysis.fleet_levers`.
+  - ``separate-prefill-decode``, ``cap-prompt-tokens``, ``continuous-batching``,
+    ``cascade-small-model``, and ``chunked-prefill`` on inter-token gaps: analysis.workload_levers.
 
 Sampled traces: every quantile and fit counts each breakdown row by the attribution's weight
 (``1 / sampling_p`` times its stratum's factor, analysis.weighting), and the arrivals and executor
@@ -86,6 +88,7 @@ from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
 from stagescope.analysis.llm_levers import CHUNK_TOKENS, batch_cap, chunked_prefill, gap_prediction
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
+from stagescope.analysis.workload_levers import prediction as workload_prediction
 
 __all__ = [
     "CHUNK_TOKENS",
@@ -371,9 +374,11 @@ def lever_prediction(
 ) -> tuple[float | None, str]:
     """Predicted SLO quantile (ms) after ``lever`` and a one-line statement of the model used."""
     q = view.slo.quantile
+    col = _col(attr, stage) if view.per_request else None
+    if (got := workload_prediction(con, view, attr, ev, lever, stage, col)) is not None:
+        return got  # analysis.workload_levers: the workload levers, chunked prefill on gaps
     if not view.per_request:  # inter-token gaps
         return gap_prediction(con, view, ev, lever)
-    col = _col(attr, stage)
     if lever == N.LEVER_SCALE_OUT and col is not None:
         got = scale_out(con, view, attr, col)
         if got is not None:

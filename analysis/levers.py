@@ -19,6 +19,13 @@ processes, and a gateway in front of it (kind ``network``) is measured first. Th
 on CPU gets queue-depth scaling before scale-out; KV pressure with no memory to give (or more streams
 admitted than the cache holds) gets a concurrency limit before KV-cache headroom; shared prompts whose
 prefix hits differ across replicas get KV-cache-aware routing before prefix caching. A rule may name the
+processes, and a gateway in front of it (kind ``network``) is measured first. Workload levers
+(:mod:`~stagescope.analysis.workload_rules`): inter-token gaps that spike beside other requests'
+prefills get chunked prefill (a flag) when a whole prompt ran in one step, else separate prefill and
+decode pools (more GPUs), both before a smaller batch; long prompts at the normal per-token cost on
+an engine seen interleaving them get a prompt budget before chunked prefill; a static batcher on a
+streaming route gets continuous batching before a shorter batch wait; a measured cascade (small
+model, escalation rate) follows a rejected quantize. A rule may name the
 one stage it is for (``Rule.stage``); it then applies to that stage only, ahead of its kind's
 general rules. Low accelerator utilization with a slow CPU stage points to the pipeline, not the
 model. Rules are tried top to bottom; the first whose kind matches and whose
@@ -41,6 +48,7 @@ from stagescope.analysis import engine_rules as ER
 from stagescope.analysis import event_rules as EV
 from stagescope.analysis import fleet_rules as FR
 from stagescope.analysis import quality as QL
+from stagescope.analysis import workload_rules as WR
 
 __all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
 
@@ -258,6 +266,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {_pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
         "load. Load the model before the instance reports ready.")),
     Rule(N.KIND_POD_PENDING, N.LEVER_PREWARMED_PODS, _always, EV.pod_pending_why),
+    Rule(N.KIND_BATCH_WAIT, N.LEVER_CONTINUOUS_BATCHING, WR.static_batches_on_stream,
+         lambda ev, st: WR.continuous_why(ev, _stage_line(ev, st))),
     Rule(N.KIND_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
         f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
@@ -287,6 +297,8 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {_util(ev)}; repeated inputs in the tail {_pct(ev, 'repeated_hash_share_tail')}. "
         f"Cut the model's per-request cost{_in(st)}: quantize (int8) or compile the runtime."
         + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+    Rule(N.KIND_COMPUTE, N.LEVER_CASCADE_SMALL_MODEL, WR.cascade_measured,
+         lambda ev, st: WR.cascade_why(ev, _stage_line(ev, st)) + _quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
     Rule(N.KIND_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
@@ -315,9 +327,11 @@ RULES: tuple[Rule, ...] = (
         f"{_n(_running(ev)[1])} for normal ones, and each unit of batch adds {_n(ev.get('batch_slope_ms'), ' ms', 2)} "
         f"(fit r² {_n(ev.get('batch_r2'), '', 2)}): the batch, not the prompt, is slow. Lower the batch budget "
         "(max_num_batched_tokens / max_num_seqs) at a little throughput.")),
+    Rule(N.KIND_PREFILL, N.LEVER_CAP_PROMPT_TOKENS, WR.long_prompts_at_normal_cost,
+         lambda ev, st: WR.prompt_why(ev, _stage_line(ev, st))),
     Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
-        "prefill so prompt processing is interleaved with other requests.")),
+        "prefill so prompt processing is interleaved with other requests." + WR.chunked_budget_note(ev))),
     Rule(N.KIND_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, ER.long_outputs, lambda ev, st: (
         f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
         "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "
@@ -328,12 +342,19 @@ RULES: tuple[Rule, ...] = (
         f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
         "Give the KV cache room (vLLM --gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs "
         "down; SGLang --mem-fraction-static).")),
+    # slow gaps that coincide with other requests' prefills: a step fit on the batch does not remove them;
+    # chunked prefill (a flag) before a separate prefill pool (more GPUs)
+    Rule(N.KIND_DECODE, N.LEVER_CHUNKED_PREFILL, WR.unchunked_interference, lambda ev, st: WR.chunked_why(ev, _stage_line(ev, st))),
+    Rule(N.KIND_DECODE, N.LEVER_SEPARATE_PREFILL_DECODE, WR.prefill_interference,
+         lambda ev, st: WR.separate_why(ev, _stage_line(ev, st))),
     Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
         f"{_stage_line(ev, st)}; the running decode batch is {_n(_running(ev)[0])} streams "
         f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
         f"{_n(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {_n(ev.get('batch_r2'), '', 2)}), "
         f"{_n((_batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
         "(max_num_seqs / max_num_batched_tokens).")),
+    Rule(N.KIND_DECODE, N.LEVER_CASCADE_SMALL_MODEL, WR.cascade_measured,
+         lambda ev, st: WR.cascade_why(ev, _stage_line(ev, st)) + _quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
     Rule(N.KIND_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev, st: (
         f"{_stage_line(ev, st)}; the running batch is not larger around slow gaps "
         f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])})"

@@ -48,6 +48,8 @@ from stagescope.analysis.engine_levers import output_cap
 from stagescope.analysis.interval_sql import breakdown_estimate
 from stagescope.analysis.llm_levers import batch_cap
 from stagescope.analysis.weighting import breakdown_quantile, recording
+from stagescope.analysis.workload_levers import ADDS_TIME
+from stagescope.analysis.workload_levers import setting as workload_setting
 
 __all__ = ["build_plan", "phase_of"]
 
@@ -87,17 +89,21 @@ def _setting(
         return f"max batch wait -> {C.batch_wait_cap_ms(ev):g} ms"
     if lever in C.FLEET_LEVERS:
         return FL.setting(con, view, attr, ev, lever)
-    return None
+    return workload_setting(ev, lever)
 
 
-def _apply(con: duckdb.DuckDBPyConnection, attr: Attribution, src: str, expr: str, stage: str) -> None:
+def _apply(
+    con: duckdb.DuckDBPyConnection, attr: Attribution, src: str, expr: str, stage: str, adds: bool = False
+) -> None:
     """Replace the breakdown with the lever's per-request outcome: ``value_ms`` = ``expr``; the time
     removed comes off ``stage``'s column, the rest (if the lever removed more than that stage's time)
-    off the other stage columns in order; ``unattributed`` keeps the time in no stage."""
+    off the other stage columns in order; ``unattributed`` keeps the time in no stage. ``adds``: the
+    lever may also add time to a request (a cascade's escalations pay two models), kept in ``value_ms``;
+    otherwise a request never gets slower."""
     cols = [c for c in attr.columns.values() if c != N.UNATTRIBUTED]
     first = attr.columns.get(stage)
     order = ([first] if first in cols else []) + [c for c in cols if c != first]
-    parts = [f"greatest(value_ms - ({expr}), 0) AS ss_cut"]
+    parts = [f"value_ms - ({expr}) AS ss_cut" if adds else f"greatest(value_ms - ({expr}), 0) AS ss_cut"]
     new = []
     taken = "0"
     for c in order:
@@ -241,7 +247,7 @@ def build_plan(
                 rel = delta["relative"]
                 factor = None if factor is None or rel is None else factor * (1.0 + rel)
             src, expr = seen[-1]
-            _apply(con, attr, src, expr, stage)
+            _apply(con, attr, src, expr, stage, adds=lever in ADDS_TIME)
             est = breakdown_estimate(con, BREAKDOWN, "value_ms", view.slo.quantile, attr)
             pred = None if est is None else float(est)
             iv = getattr(est, "interval", None)

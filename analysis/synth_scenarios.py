@@ -434,6 +434,8 @@ def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope")
                 N.ATTR_QUEUE_DEPTH: int(r["queue_depth"][i]), N.ATTR_INPUT_HASH: str(r["input_hash"][i]),
                 N.ATTR_COLD_START: bool(r["cold_start"][i]),
             }  # fmt: skip
+            if "escalated" in r:  # a cascade's escalation (analysis.synth_workload)
+                attrs[N.ATTR_ESCALATED] = bool(r["escalated"][i])
             if "ttft_ms" in r and _present(r["ttft_ms"][i]):
                 attrs.update({
                     N.VLLM_ATTR_TTFT: float(r["ttft_ms"][i]) / 1e3, N.VLLM_ATTR_E2E: float(r["duration_ms"][i]) / 1e3,

@@ -267,6 +267,27 @@ VLLM_LABEL_BLOCK_SIZE: Final = "block_size"
 #: ``instance``, Kubernetes' ``pod``, vLLM's data-parallel ``engine``, SGLang's ``dp_rank``.
 REPLICA_LABELS: Final[tuple[str, ...]] = ("instance", "pod", "engine", "dp_rank")
 
+# -- s4-levers-a (issue 18, workload levers) -------------------------------------------------------
+#: Serve prefill and decode on separate pools (disaggregated serving: vLLM's disaggregated prefill,
+#: ``--kv-transfer-config`` with a KV connector, docs.vllm.ai "Disaggregated Prefilling
+#: (experimental)"; SGLang's PD disaggregation, ``--disaggregation-mode prefill|decode`` with a
+#: transfer backend, docs.sglang.ai "PD Disaggregation"): decode steps no longer share the GPU with
+#: other requests' long prefills, so inter-token gaps stop spiking while those run.
+LEVER_SEPARATE_PREFILL_DECODE: Final = "separate-prefill-decode"
+#: A prompt-length budget per route or client: cap prompt tokens or truncate the context (vLLM's
+#: ``truncate_prompt_tokens`` sampling/request parameter; ``--max-model-len`` as a hard limit;
+#: fewer retrieved chunks in a RAG route): long prompts at the normal per-token prefill cost own the tail.
+LEVER_CAP_PROMPT_TOKENS: Final = "cap-prompt-tokens"
+#: Iteration-level (continuous) batching instead of a static batcher on a streaming route: a request
+#: joins the running batch at the next decode step (Orca, OSDI'22; vLLM and SGLang schedule every
+#: step, ``--max-num-seqs`` / ``--max-running-requests`` bound the batch; TGI's router;
+#: Hugging Face ``generate()`` on a fixed batch is the static case).
+LEVER_CONTINUOUS_BATCHING: Final = "continuous-batching"
+#: Cascade routing to a smaller model: the small model answers first and escalates to the large one
+#: when it is not confident (FrugalGPT, Chen et al. 2023; RouteLLM, Ong et al. 2024); requests that
+#: escalate pay both models. The escalation rate is measured from ATTR_ESCALATED where present.
+LEVER_CASCADE_SMALL_MODEL: Final = "cascade-small-model"
+
 LEVERS: Final[tuple[str, ...]] = (
     LEVER_CACHE_FEATURES,
     LEVER_CACHE_RESULTS,
@@ -291,6 +312,10 @@ LEVERS: Final[tuple[str, ...]] = (
     LEVER_SCALE_ON_QUEUE_DEPTH,
     LEVER_CONCURRENCY_LIMIT,
     LEVER_KV_CACHE_AWARE_ROUTING,
+    LEVER_SEPARATE_PREFILL_DECODE,
+    LEVER_CAP_PROMPT_TOKENS,
+    LEVER_CONTINUOUS_BATCHING,
+    LEVER_CASCADE_SMALL_MODEL,
 )
 
 #: The order a plan applies levers in when one is not enough (analysis.plan): phase -> its levers,
@@ -305,15 +330,16 @@ LEVER_PHASES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("per-request-cost", (
         LEVER_QUANTIZE, LEVER_COMPILE_RUNTIME, LEVER_OFFLOAD_PREPROCESSING, LEVER_SHRINK_REQUEST,
         LEVER_SHRINK_RESPONSE, LEVER_CAP_OUTPUT_TOKENS, LEVER_PREWARM,
+        LEVER_CAP_PROMPT_TOKENS, LEVER_CASCADE_SMALL_MODEL,
     )),
     ("batching", (
         LEVER_CAP_BATCH_WAIT, LEVER_REDUCE_BATCH_TOKENS, LEVER_CHUNKED_PREFILL, LEVER_SPECULATIVE_DECODING,
-        LEVER_CONCURRENCY_LIMIT,
+        LEVER_CONCURRENCY_LIMIT, LEVER_CONTINUOUS_BATCHING,
     )),
     ("caching", (LEVER_CACHE_FEATURES, LEVER_CACHE_RESULTS, LEVER_PREFIX_CACHING, LEVER_KV_CACHE_AWARE_ROUTING)),
     ("capacity", (
-        LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS, LEVER_SURGE_READINESS, LEVER_PREWARMED_PODS,
-        LEVER_SCALE_AHEAD,
+        LEVER_KV_CACHE_HEADROOM, LEVER_MORE_API_SERVERS, LEVER_SEPARATE_PREFILL_DECODE, LEVER_SURGE_READINESS,
+        LEVER_PREWARMED_PODS, LEVER_SCALE_AHEAD,
     )),
 )  # fmt: skip
 #: ``report["plan_status"]``: the plan's last step meets the SLO, or the levers ran out first
@@ -677,6 +703,9 @@ ATTR_TOKEN_GAPS: Final = "stagescope.itl.gaps"  # list of every gap in seconds (
 ATTR_TOKEN_RUNNING: Final = "stagescope.itl.running"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_CLIENT: Final = "stagescope.client"  # bool, on the load generator's CLIENT spans
+# s4-levers-a: bool on a request span: a cascade's small model escalated this request to the large
+# one (set by a service that runs or shadows a cascade; absent: the escalation rate is unknown)
+ATTR_ESCALATED: Final = "stagescope.escalated"
 
 # GenAI semantic conventions.
 GENAI_OPERATION_NAME: Final = "gen_ai.operation.name"

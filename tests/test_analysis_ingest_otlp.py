@@ -175,6 +175,7 @@ def test_relations_have_the_pinned_schema() -> None:
         ("batch_size", "BIGINT"), ("queue_depth", "BIGINT"), ("input_hash", "VARCHAR"), ("cold_start", "BOOLEAN"),
         ("client_duration_ms", "DOUBLE"), ("source", "VARCHAR"), ("sampled_reason", "VARCHAR"),
         ("sampling_p", "DOUBLE"), ("trace_key", "UBIGINT"), ("input_key", "UBIGINT"), ("request_key", "UBIGINT"),
+        ("escalated", "BOOLEAN"),  # stagescope.escalated (issue 18's cascade lever), at the end
     ]  # fmt: skip
     assert [(c[0], c[1]) for c in schema["stages"]] == [
         ("trace_id", "VARCHAR"), ("stage", "VARCHAR"), ("start_unix_ns", "BIGINT"), ("end_unix_ns", "BIGINT"),

@@ -27,6 +27,8 @@ def test_vocabularies_are_the_pinned_ones() -> None:
         "more-api-servers", "cap-output-tokens", "kv-cache-headroom", "prefix-caching",
         "surge-with-readiness", "prewarmed-pods", "scale-ahead-of-swap",
         "scale-on-queue-depth", "concurrency-limit", "kv-cache-aware-routing",
+        # s4-levers-a (issue 18, workload levers)
+        "separate-prefill-decode", "cap-prompt-tokens", "continuous-batching", "cascade-small-model",
     )  # fmt: skip
 
 

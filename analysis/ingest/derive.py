@@ -91,6 +91,7 @@ REQUEST_COLUMNS = {
     "trace_key": "UBIGINT",
     "input_key": "UBIGINT",
     "request_key": "UBIGINT",
+    "escalated": "BOOLEAN",  # stagescope.escalated: a cascade's small model handed the request on
 }
 
 
@@ -165,7 +166,8 @@ SELECT s.trace_id, s.span_id, s.service, s.name,
   coalesce(s.sampled_reason, e.sampled_reason) AS sampled_reason,
   coalesce({sampling_p_sql("s.trace_state", "s.sampled_reason")},
            {sampling_p_sql("e.trace_state", "e.sampled_reason")}) AS sampling_p,
-  {request_keys_sql("s.")}
+  {request_keys_sql("s.")},
+  s.escalated
 FROM _req0 s
 LEFT JOIN _eng_primary p ON p.trace_id = s.trace_id AND p.host_id = s.span_id
 LEFT JOIN _eng e ON e.trace_id = p.trace_id AND e.span_id = p.eng_id

@@ -64,6 +64,7 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "itl_max_s": ("DOUBLE", (names.ATTR_ITL_MAX,)),
     "gaps_s": ("DOUBLE[]", (names.ATTR_TOKEN_GAPS,)),
     "gap_running": ("DOUBLE[]", (names.ATTR_TOKEN_RUNNING,)),
+    "escalated": ("BOOLEAN", (names.ATTR_ESCALATED,)),  # s4-levers-a: a cascade's escalation
 }
 
 #: Columns that hold their attribute only where it is a non-empty string (NULL for other values).
