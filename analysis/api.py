@@ -12,7 +12,6 @@ describe that quantity, and ``p99`` keys hold the SLO's own quantile where they 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import duckdb
@@ -25,6 +24,7 @@ from stagescope.analysis import evidence as E
 from stagescope.analysis import keys as K
 from stagescope.analysis import levers as L
 from stagescope.analysis import plan as P
+from stagescope.analysis import report_data as RD
 from stagescope.analysis import routes as R
 from stagescope.analysis.events import derived_events
 from stagescope.analysis.nodata import no_data_reason
@@ -32,8 +32,6 @@ from stagescope.errors import UserError
 from stagescope.names import (
     ATTR_STAGE,
     KIND_UNKNOWN,
-    SOURCE_METRICS,
-    SOURCE_TRACES,
     STATUS_BREACHED,
     STATUS_MET,
     STATUS_NO_DATA,
@@ -47,9 +45,6 @@ __all__ = ["analyze", "connection", "frames"]
 MIN_LEVER_SHARE = 0.05
 #: Unattributed time above this share of the excess means: measure first.
 UNATTRIBUTED_VERDICT_SHARE = 0.5
-SLOWEST_N = A.KEEP_SLOWEST
-CDF_POINTS = 100
-TIMELINE_POINTS = 40
 #: Warnings in a report at most (each said once; the last line counts the rest).
 MAX_WARNINGS = 30
 
@@ -68,93 +63,6 @@ def _slos(slo: str | SLO | list[SLO]) -> list[SLO]:
     if isinstance(slo, str):
         return parse_slo(slo)
     return list(slo)
-
-
-def _cdf(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> list[list[float]]:
-    """The empirical CDF (weighted: the requests the samples stand for) as ``[value_ms, share at or
-    below it]`` pairs, exact at
-    :data:`CDF_POINTS` log-spaced values between the smallest and the largest sample (one counting
-    pass; the plot's x axis is logarithmic)."""
-    row = con.execute(f"SELECT min(value_ms), max(value_ms), sum(w) FROM {view.name}").fetchone()
-    if not row or row[0] is None or not row[2]:
-        return []
-    lo, hi, n = max(float(row[0]), 1e-3), float(row[1]), float(row[2])
-    if hi <= lo:
-        return [[round(hi, 3), 1.0]]
-    step = math.log(hi / lo) / CDF_POINTS
-    counts = dict(
-        con.execute(
-            f"""SELECT least({CDF_POINTS}, CAST(ceil(ln(greatest(value_ms, {lo!r}) / {lo!r}) / {step!r}) AS INTEGER)) AS b,
-                       sum(w) FROM {view.name} GROUP BY 1"""
-        ).fetchall()
-    )
-    out, seen = [], 0.0
-    for b in range(CDF_POINTS + 1):  # bucket b holds the samples in (x[b-1], x[b]]
-        seen += float(counts.get(b, 0))
-        x = hi if b == CDF_POINTS else lo * math.exp(step * b)
-        out.append([round(x, 3), round(seen / n, 6)])
-    return out
-
-
-def _timeline(
-    con: duckdb.DuckDBPyConnection, view: B.SLIView, windows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """About :data:`TIMELINE_POINTS` windows over the incident for the plot: the breach windows
-    themselves when they are already between half and three times that many."""
-    if TIMELINE_POINTS // 2 <= len(windows) <= 3 * TIMELINE_POINTS:
-        return windows
-    row = con.execute(f"SELECT (max(start_unix_ns) - min(start_unix_ns)) / 1e9 FROM {view.name}").fetchone()
-    span = float(row[0] or 0.0) if row else 0.0
-    return B.windows(con, view, f"{max(1, round(span / TIMELINE_POINTS))}s")
-
-
-def _slowest(con: duckdb.DuckDBPyConnection, view: B.SLIView, attr: A.Attribution) -> list[dict[str, Any]]:
-    if not view.per_request:
-        rows = con.execute(
-            f"SELECT trace_id, max(value_ms) v, count(*) FROM {view.name} GROUP BY 1 ORDER BY v DESC LIMIT {SLOWEST_N}"
-        ).fetchall()
-        return [{"trace_id": t, "value_ms": round(v, 3), "stages": {}, "gaps": int(n)} for t, v, n in rows]
-    cols = [*list(attr.columns.items()), (UNATTRIBUTED, UNATTRIBUTED)]
-    sel = ", ".join(c for _, c in cols)
-    src = (
-        A.BREAKDOWN
-        if attr.extra is None
-        else f"(SELECT * FROM {A.BREAKDOWN} UNION ALL SELECT * FROM {attr.extra})"
-    )
-    rows = con.execute(
-        f"SELECT trace_ref, start_unix_ns, value_ms, {sel} FROM {src} ORDER BY value_ms DESC LIMIT {SLOWEST_N}"
-    ).fetchall()
-    ids = _trace_ids(con, [r[0] for r in rows])
-    out = []
-    for r in rows:
-        stages = {s: round(float(v), 3) for (s, _), v in zip(cols, r[3:], strict=True) if v}
-        out.append(
-            {
-                "trace_id": ids.get(r[0]),
-                "start_unix_ms": int(r[1] // 1_000_000),
-                "value_ms": round(r[2], 3),
-                "stages": stages,
-            }
-        )
-    return out
-
-
-def _trace_ids(con: duckdb.DuckDBPyConnection, refs: list[Any]) -> dict[Any, str]:
-    """The trace ids of a few breakdown rows' ``trace_ref`` (the breakdown keeps the integer key only:
-    see analysis.keys). Looked up in the stage rows, whose dictionary-encoded trace ids read faster
-    than the requests' unique ones, then in the requests for any trace without stages."""
-    if K.trace_ref(con) == "trace_id":  # the ref is the trace id
-        return {r: r for r in refs}
-    got: dict[Any, str] = {}
-    for rel in ("stages", "requests"):
-        want = [int(r) for r in refs if r not in got]
-        if not want:
-            break
-        rows = con.execute(
-            f"SELECT DISTINCT {K.TRACE_KEY}, trace_id FROM {rel} WHERE {K.TRACE_KEY} IN ({', '.join(map(str, want))})"
-        ).fetchall()
-        got.update(dict(rows))
-    return got
 
 
 def analyze(
@@ -195,7 +103,7 @@ def _analyze(
 ) -> dict[str, Any]:
     warns = list(getattr(dataset, "warnings", []) or []) + list(warnings or [])
     targets, skipped = R.expand(con, R.restrict(_slos(slo), route))
-    counters = _server_counters(con)
+    counters = RD.server_counters(con)
     timeline = sorted([*(events or []), *derived_events(con)], key=lambda e: e["time_unix_ms"])
     warns += counters.pop("warnings", [])
     reports = []
@@ -256,7 +164,7 @@ def _analyze_one(
         "route": slo.route,
         "status": STATUS_BREACHED if breached else STATUS_MET,
         "no_data_reason": None,
-        "requests": _request_count(con, view),
+        "requests": RD.request_count(con, view),
         "samples": view.count,
         "breached": breached,
         "latency_ms": {k: (None if qs[k] is None else round(qs[k], 3)) for k in ("p50", "p95", "p99")},
@@ -269,8 +177,8 @@ def _analyze_one(
         "plan_status": None,
         "windows": ev_res["windows"],
         "warnings": warns,
-        "sources": _sources(view),
-        "sampling": _sampling(view),
+        "sources": RD.sources(view),
+        "sampling": RD.sampling(view),
         "events": events,  # analysis.events; event_breaches and event_summary: analysis.context
         "event_breaches": [],
         "event_summary": None,
@@ -311,8 +219,8 @@ def _analyze_one(
     report["tail"] = {
         "condition": attr.tail_condition, "baseline_condition": attr.baseline_condition,
         "tail_samples": attr.tail_n, "baseline_samples": attr.baseline_n,
-        "tail_requests": _r(attr.facts.get("tail_w")), "baseline_requests": _r(attr.facts.get("base_w")),
-        "tail_mean_ms": _r(attr.tail_mean_ms), "baseline_mean_ms": _r(attr.baseline_mean_ms),
+        "tail_requests": RD.rounded(attr.facts.get("tail_w")), "baseline_requests": RD.rounded(attr.facts.get("base_w")),
+        "tail_mean_ms": RD.rounded(attr.tail_mean_ms), "baseline_mean_ms": RD.rounded(attr.baseline_mean_ms),
     }  # fmt: skip
     if ev.get("model"):  # the served model's eval-set accuracy and its variants', as the service exported
         report["model_quality"] = {**ev["model"], "quality_budget_points": ev.get("quality_budget_points")}
@@ -326,9 +234,9 @@ def _analyze_one(
     # after the levers: their predictions add the settings they are for (reduce-batch-tokens: running_cap)
     report["evidence"] = {k: v for k, v in ev.items() if k not in ("shares", "excess", "model", "kinds")}
     CX.annotate(con, report, view, attr, ev, events)
-    report["cdf"] = _cdf(con, view)
-    report["timeline"] = _timeline(con, view, report["windows"])
-    report["slowest"] = _slowest(con, view, attr)
+    report["cdf"] = RD.cdf(con, view)
+    report["timeline"] = RD.timeline(con, view, report["windows"])
+    report["slowest"] = RD.slowest(con, view, attr)
     return report
 
 
@@ -359,78 +267,6 @@ def _unstaged(
         f"{bare} of {tail} {which} have no stage span ({ATTR_STAGE}, or vLLM's gen_ai.latency.* attributes) "
         f"in their {view.slo.sli} interval: their time is unattributed; {cost}"
     ]
-
-
-def _server_counters(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Mean queue / compute (Triton), queue / prefill / decode (vLLM) and per-stage (SGLang) time per
-    request from the servers' cumulative counters in ``metric_samples`` (ms), summed over engines,
-    ranks and instances, when scraped; see ingest.counters and ingest.engine_metrics. Under
-    ``warnings``: where Triton's traces hold far fewer requests than its counters (its trace rate)."""
-    try:
-        from stagescope.analysis.ingest.counters import trace_coverage, triton_breakdown
-        from stagescope.analysis.ingest.engine_metrics import sglang_stage_means, vllm_stage_means
-    except ImportError:  # pragma: no cover - the ingest part ships with the package
-        return {}
-    out: dict[str, Any] = {}
-    try:
-        triton = [r for r in triton_breakdown(con) if r.get("requests")]
-        vllm = [r for r in vllm_stage_means(con) if r.get("requests")]
-        sglang = [r for r in sglang_stage_means(con) if r.get("requests") or r.get("stages")]
-    except duckdb.Error:
-        return {}
-    if triton:
-        out["triton"] = triton
-        out["warnings"] = trace_coverage(con, triton)  # popped by the caller: report warnings
-    if vllm:
-        out["vllm"] = vllm
-    if sglang:
-        out["sglang"] = sglang
-    return out
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(float(x), 3)
-
-
-def _request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
-    """Requests the samples stand for (for gap SLIs: streams)."""
-    if view.per_request:
-        return round(view.weight_total)
-    row = con.execute(
-        f"SELECT sum(w) FROM (SELECT any_value(w) AS w FROM {view.name} WHERE trace_id IS NOT NULL GROUP BY trace_id)"
-    ).fetchone()
-    return round(float(row[0])) if row and row[0] is not None else 0
-
-
-def _sources(view: B.SLIView) -> dict[str, str]:
-    """Which input gave each figure of the report (``names.SOURCE_*``): the quantiles, shares and
-    request counts come from the view's source; the windows too, except that a histogram has no
-    times (its calibrated traces give them); the split of the time is always the traces'."""
-    src = view.source
-    return {
-        "latency_ms": src, "quantile_ms": src, "over_threshold_share": src, "requests": src,
-        "windows": SOURCE_TRACES if src == SOURCE_METRICS else src,
-        "attribution": SOURCE_TRACES, "levers": SOURCE_TRACES, "evidence": SOURCE_TRACES,
-    }  # fmt: skip
-
-
-def _sampling(view: B.SLIView) -> dict[str, Any]:
-    """What the traces say about their sampling and how the samples were weighted."""
-    f = view.sampling
-    out: dict[str, Any] = {
-        "traced_requests": f.get("requests", view.trace_samples),
-        "with_probability": f.get("known", 0),
-        "kept_below_probability_1": f.get("below_1", 0),
-        "unknown_probability": f.get("unknown", 0),
-        "sampled": bool(f.get("evidence") or f.get("below_1")),
-        "min_probability": f.get("min_p"),
-        "estimated_requests": f.get("estimated_requests"),
-        "weighted": view.weighted,
-    }
-    for k in ("network_ms", "histogram"):
-        if k in f:
-            out[k] = f[k]
-    return out
 
 
 def _levers(

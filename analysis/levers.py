@@ -41,140 +41,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from stagescope import names as N
 from stagescope.analysis import engine_rules as ER
 from stagescope.analysis import event_rules as EV
 from stagescope.analysis import fleet_rules as FR
-from stagescope.analysis import quality as QL
+from stagescope.analysis import rule_lines as RL
 from stagescope.analysis import workload_rules as WR
+from stagescope.analysis.rule_lines import Evidence, kind_share, quality
 
 __all__ = ["RULES", "Rule", "choose", "kind_share", "quality", "rejected"]
-
-Evidence = dict[str, Any]
-
-#: Share of tail requests with a repeated input hash above which results caching beats faster compute.
-REPEATED_SHARE = 0.3
-#: Compute excess (share of the tail's excess) above which queueing is blamed on per-request cost.
-COMPUTE_SHARE_FOR_QUEUE = 0.25
-#: Running decode batch in the tail at least this many times the baseline's counts as "large".
-RUNNING_RATIO = 1.5
-#: Share of a tail gap explained by the running batch (fit of gap on batch size) that counts as batch-driven.
-BATCH_DRIVEN_SHARE = 0.5
-#: Minimum r² of that fit for it to count as evidence.
-BATCH_R2 = 0.3
-#: Accelerator utilization (percent) under which the accelerator is "starving".
-LOW_UTIL = 50.0
-
-
-def _n(x: Any, unit: str = "", nd: int = 1) -> str:
-    return "n/a" if x is None else f"{float(x):.{nd}f}{unit}"
-
-
-def _share(ev: Evidence, stage: str) -> float:
-    return float(ev.get("shares", {}).get(stage, 0.0))
-
-
-def kind_share(ev: Evidence, kind: str) -> float:
-    """Summed share of the excess of every stage of ``kind`` (``ev["kinds"]``: stage -> kind)."""
-    kinds = ev.get("kinds", {})
-    return sum(float(v) for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind)
-
-
-def _of_kind(ev: Evidence, kind: str) -> str:
-    """The stages of ``kind`` that explain part of the excess, named for a rationale."""
-    kinds = ev.get("kinds", {})
-    found = [s for s, v in ev.get("shares", {}).items() if kinds.get(s) == kind and float(v) > 0]
-    return "/".join(found) or kind
-
-
-def _util(ev: Evidence) -> str:
-    if ev.get("utilization_pct") is None:
-        return "accelerator utilization not scraped"
-    return f"accelerator utilization {_n(ev['utilization_pct'], '%')} ({ev.get('utilization_metric')})"
-
-
-def _low_util(ev: Evidence) -> bool:
-    return ev.get("utilization_pct") is not None and float(ev["utilization_pct"]) < LOW_UTIL
-
-
-def _running(ev: Evidence) -> tuple[float | None, float | None]:
-    t, b = ev.get("running_tail"), ev.get("running_baseline")
-    if t is None or b is None:
-        t, b = ev.get("batch_size_tail"), ev.get("batch_size_baseline")
-    return t, b
-
-
-def _batch_driven_share(ev: Evidence) -> float | None:
-    """Share of a tail sample that the batch-size fit puts on the batch (slope x tail batch / fitted value),
-    or None without a convincing fit (positive slope, r² at least BATCH_R2)."""
-    raw = [ev.get(k) for k in ("batch_slope_ms", "batch_intercept_ms", "batch_r2", "batch_size_tail")]
-    vals = [float(v) for v in raw if v is not None]
-    if len(vals) < len(raw):
-        return None
-    slope, icept, r2, t = vals
-    if slope <= 0 or r2 < BATCH_R2:
-        return None
-    fitted = icept + slope * t
-    return slope * t / fitted if fitted > 0 else None
-
-
-def _large_running(ev: Evidence) -> bool:
-    """The running batch drives the slow gaps: it is much larger around them than around normal ones, or
-    the gap grows with the batch so that most of a tail gap is per-sequence cost (a step slower because
-    the batch is big, which capping the batch fixes; speculative decoding would not)."""
-    t, b = _running(ev)
-    if t is not None and b is not None and float(b) > 0 and float(t) >= RUNNING_RATIO * float(b):
-        return True
-    share = _batch_driven_share(ev)
-    return share is not None and share >= BATCH_DRIVEN_SHARE
-
-
-def _stage_line(ev: Evidence, stage: str) -> str:
-    sq = ev.get("stage_quantiles", {}).get(stage) or {}
-    ex = ev.get("excess", {}).get(stage)
-    kind = ev.get("kinds", {}).get(stage)
-    named = stage if stage in N.STAGE_KINDS or stage == N.UNATTRIBUTED or not kind else f"{stage} (kind {kind})"
-    txt = f"{named} explains {_share(ev, stage):.0%} of the tail's excess latency ({_n(ex, ' ms')} per slow request)"
-    if sq:
-        txt += f"; tail p50 {_n(sq.get('tail_p50_ms'), ' ms')} vs baseline p50 {_n(sq.get('baseline_p50_ms'), ' ms')}"
-    if stage == N.STAGE_OVERFLOW:
-        txt += (f" ({N.STAGE_OVERFLOW} holds stage names past a cap on distinct names: see the warnings; "
-                "name fewer stages to see them apart)")
-    return txt
-
-
-def quality(ev: Evidence, lever: str | None) -> dict[str, Any] | None:
-    """The quality gate of ``lever`` on this evidence (see analysis.quality.gate), or None."""
-    if lever is None:
-        return None
-    return QL.gate(ev.get("model") or {}, lever, ev.get("quality_budget_points"))
-
-
-def _quality_line(ev: Evidence, lever: str) -> str:
-    q = quality(ev, lever)
-    if q is None:
-        return (
-            f" Accuracy: the service exported no eval-set accuracy for {lever}: validate it on your eval set "
-            "before serving it."
-        )
-    budget = "no quality budget set" if q["budget_points"] is None else f"budget {q['budget_points']:g} points"
-    return (
-        f" Accuracy on the model's eval set ({q['eval_samples'] or 'n/a'} samples): {q['accuracy_before']:.2%} as "
-        f"served, {q['accuracy_after']:.2%} with {lever} ({q['drop_points']:.2f} points lost; {budget})."
-    )
-
-
-def _not_acceptable(ev: Evidence, lever: str) -> str:
-    q = quality(ev, lever)
-    assert q is not None
-    return (
-        f"not acceptable: {lever} costs {q['drop_points']:.2f} points of accuracy on the model's eval set "
-        f"({q['eval_samples'] or 'n/a'} samples: {q['accuracy_before']:.2%} -> {q['accuracy_after']:.2%}), more "
-        f"than the SLO's quality budget of {q['budget_points']:g} points; the next lever is recommended instead."
-    )
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -197,7 +73,7 @@ class Rule:
 
     def acceptable(self, ev: Evidence) -> bool:
         """False only when the gate applies and the measured accuracy drop exceeds the budget."""
-        q = quality(ev, self.lever) if self.gated else None
+        q = RL.quality(ev, self.lever) if self.gated else None
         return q is None or q["acceptable"] is not False
 
 
@@ -206,178 +82,153 @@ def _always(ev: Evidence) -> bool:
 
 
 def _compute_feeds_queue(ev: Evidence) -> bool:
-    return kind_share(ev, N.KIND_COMPUTE) >= COMPUTE_SHARE_FOR_QUEUE
+    return RL.kind_share(ev, N.KIND_COMPUTE) >= RL.COMPUTE_SHARE_FOR_QUEUE
 
 
 def _repeats(ev: Evidence) -> bool:
-    return float(ev.get("repeated_hash_share_tail") or 0.0) >= REPEATED_SHARE
-
-
-def _pct(ev: Evidence, key: str) -> str:
-    return _n((ev.get(key) or 0) * 100, "%", 0)
-
-
-def _in(st: str) -> str:
-    return "" if st == N.STAGE_COMPUTE else " in " + st
-
-
-#: What receiving or sending the data costs, for the stages other servers measure (Triton's frontend
-#: and tensor copies): the kind's lever with advice for that stage; other stages of the kind get the
-#: kind's general advice.
-_INGRESS_ADVICE: dict[str, str] = {
-    N.STAGE_RECEIVE: "The server is reading large requests off the network: send smaller inputs (binary "
-    "tensor data instead of JSON; shared memory for a client on the same host).",
-    N.STAGE_DESERIALIZE: "Parsing requests into tensors costs CPU per element: send inputs as binary tensor "
-    "data (Triton's binary tensor extension) or gRPC, not JSON numbers.",
-    N.STAGE_COMPUTE_INPUT: "Copying input tensors to the model (host to GPU): pass them in CUDA shared "
-    "memory, or send fewer and smaller tensors.",
-}
-_EGRESS_ADVICE: dict[str, str] = {
-    N.STAGE_COMPUTE_OUTPUT: "Copying output tensors from the model (GPU to host): request only the outputs "
-    "the client uses, make them smaller, or return them in CUDA shared memory.",
-}
+    return float(ev.get("repeated_hash_share_tail") or 0.0) >= RL.REPEATED_SHARE
 
 
 RULES: tuple[Rule, ...] = (
     Rule(N.UNATTRIBUTED, None, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}: time in no stage span. Measure first: add stage spans "
+        f"{RL.stage_line(ev, st)}: time in no stage span. Measure first: add stage spans "
         "(stagescope.stage) around the uninstrumented work before choosing a lever.")),
     Rule(N.KIND_UNKNOWN, None, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}, but its kind is unknown: it is not a built-in stage and its spans carry "
+        f"{RL.stage_line(ev, st)}, but its kind is unknown: it is not a built-in stage and its spans carry "
         f"no {N.ATTR_STAGE_KIND}, so no lever is guessed. Name its kind, e.g. "
         f"stagescope.stage({st!r}, kind=...) with one of {', '.join(N.KINDS)}, and analyse again.")),
     Rule(N.KIND_FETCH, N.LEVER_CACHE_FEATURES, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}. Slow reads from another store or service: serve "
+        f"{RL.stage_line(ev, st)}. Slow reads from another store or service: serve "
         f"{'hot features' if st == N.STAGE_FEATURE_FETCH else 'what ' + st + ' reads for hot keys'} from a "
         "local cache (per-request cost, no retraining).")),
     # an LLM engine's front end (analysis/ingest/engines.py): CPU work, but in the engine's API server
     Rule(N.KIND_CPU, N.LEVER_MORE_API_SERVERS, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}. The engine's front end (its API server: request parsing, chat "
+        f"{RL.stage_line(ev, st)}. The engine's front end (its API server: request parsing, chat "
         "template, tokenization, the hand-off to the engine core) holds requests before they reach the "
         "engine's queue, so the GPU is not what they wait for. Run more API-server processes in front of "
         "the engine (vLLM --api-server-count N; SGLang --tokenizer-worker-num N)."), stage=N.STAGE_FRONT_END),
     Rule(N.KIND_CPU, N.LEVER_OFFLOAD_PREPROCESSING, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_util(ev)}"
+        f"{RL.stage_line(ev, st)}; {RL.util(ev)}"
         + (": the accelerator starves while the CPU works, so the pipeline, not the model, is the bottleneck"
-           if _low_util(ev) else "")
+           if RL.low_util(ev) else "")
         + f". CPU work on the request path ({st}): move it to a worker pool (or the client) so it runs "
         "in parallel.")),
     Rule(N.KIND_COLD_START, N.LEVER_PREWARM, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
+        f"{RL.stage_line(ev, st)}; {RL.pct(ev, 'cold_start_share_tail')} of tail requests waited for a model "
         "load. Load the model before the instance reports ready.")),
     Rule(N.KIND_POD_PENDING, N.LEVER_PREWARMED_PODS, _always, EV.pod_pending_why),
     Rule(N.KIND_BATCH_WAIT, N.LEVER_CONTINUOUS_BATCHING, WR.static_batches_on_stream,
-         lambda ev, st: WR.continuous_why(ev, _stage_line(ev, st))),
+         lambda ev, st: WR.continuous_why(ev, RL.stage_line(ev, st))),
     Rule(N.KIND_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; batches hold {_n(ev.get('batch_size_tail'))} items on "
-        f"average (largest seen {_n(ev.get('batch_size_max'), nd=0)}); {_util(ev)}. Batches close on the "
-        f"timer, not when full: cap the max batch wait at {_n(ev.get('batch_wait_cap_ms'), ' ms')}.")),
+        f"{RL.stage_line(ev, st)}; batches hold {RL.num(ev.get('batch_size_tail'))} items on "
+        f"average (largest seen {RL.num(ev.get('batch_size_max'), nd=0)}); {RL.util(ev)}. Batches close on the "
+        f"timer, not when full: cap the max batch wait at {RL.num(ev.get('batch_wait_cap_ms'), ' ms')}.")),
     Rule(N.KIND_QUEUE, N.LEVER_CONCURRENCY_LIMIT, FR.overcommitted,
-         lambda ev, st: f"{_stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
+         lambda ev, st: f"{RL.stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
     Rule(N.KIND_QUEUE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: requests wait because the KV cache is full, and "
+        f"{RL.stage_line(ev, st)}; {ER.kv_line(ev)}: requests wait because the KV cache is full, and "
         "preempted ones are recomputed. Give the KV cache room before adding replicas (vLLM "
         "--gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs down; SGLang "
         "--mem-fraction-static).")),
     Rule(N.KIND_QUEUE, N.LEVER_QUANTIZE, _compute_feeds_queue, lambda ev, st: (
-        f"{_stage_line(ev, st)}, but compute ({_of_kind(ev, N.KIND_COMPUTE)}) also explains "
-        f"{kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
-        "(quantize) before scaling out." + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+        f"{RL.stage_line(ev, st)}, but compute ({RL.of_kind(ev, N.KIND_COMPUTE)}) also explains "
+        f"{RL.kind_share(ev, N.KIND_COMPUTE):.0%}: per-request cost feeds the queue. Cut per-request cost "
+        "(quantize) before scaling out." + RL.quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
     Rule(N.KIND_QUEUE, N.LEVER_SCALE_ON_QUEUE_DEPTH, FR.autoscaler_on_resource,
-         lambda ev, st: f"{_stage_line(ev, st)}; {FR.autoscaler_why(ev)}"),
+         lambda ev, st: f"{RL.stage_line(ev, st)}; {FR.autoscaler_why(ev)}"),
     Rule(N.KIND_QUEUE, N.LEVER_SCALE_OUT, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {ER.queue_depth_line(ev)}; {ER.batches_line(ev)}; {_util(ev)}; compute explains only "
-        f"{kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
+        f"{RL.stage_line(ev, st)}; {ER.queue_depth_line(ev)}; {ER.batches_line(ev)}; {RL.util(ev)}; compute explains only "
+        f"{RL.kind_share(ev, N.KIND_COMPUTE):.0%}. The queue, not per-request cost, owns the tail: add executors "
         "(scale out, autoscale on queue depth).")),
     Rule(N.KIND_COMPUTE, N.LEVER_CACHE_RESULTS, _repeats, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat an input "
-        f"already seen (baseline {_pct(ev, 'repeated_hash_share_baseline')}). Cache results by input hash "
+        f"{RL.stage_line(ev, st)}; {RL.pct(ev, 'repeated_hash_share_tail')} of slow requests repeat an input "
+        f"already seen (baseline {RL.pct(ev, 'repeated_hash_share_baseline')}). Cache results by input hash "
         "instead of recomputing them.")),
     Rule(N.KIND_COMPUTE, N.LEVER_QUANTIZE, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_util(ev)}; repeated inputs in the tail {_pct(ev, 'repeated_hash_share_tail')}. "
-        f"Cut the model's per-request cost{_in(st)}: quantize (int8) or compile the runtime."
-        + _quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
+        f"{RL.stage_line(ev, st)}; {RL.util(ev)}; repeated inputs in the tail {RL.pct(ev, 'repeated_hash_share_tail')}. "
+        f"Cut the model's per-request cost{RL.in_stage(st)}: quantize (int8) or compile the runtime."
+        + RL.quality_line(ev, N.LEVER_QUANTIZE)), gated=True),
     Rule(N.KIND_COMPUTE, N.LEVER_CASCADE_SMALL_MODEL, WR.cascade_measured,
-         lambda ev, st: WR.cascade_why(ev, _stage_line(ev, st)) + _quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
+         lambda ev, st: WR.cascade_why(ev, RL.stage_line(ev, st)) + RL.quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
     Rule(N.KIND_COMPUTE, N.LEVER_COMPILE_RUNTIME, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_util(ev)}. Cut the model's per-request cost{_in(st)} without changing "
+        f"{RL.stage_line(ev, st)}; {RL.util(ev)}. Cut the model's per-request cost{RL.in_stage(st)} without changing "
         "its weights: compile the runtime (graph optimizations, operator fusion)."
-        + _quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
-    Rule(N.KIND_PREFILL, N.LEVER_KV_CACHE_AWARE_ROUTING, lambda ev: FR.uneven_prefix_hits(ev, REPEATED_SHARE),
-         lambda ev, st: f"{_stage_line(ev, st)}; {FR.routing_why(ev)}"),
-    Rule(N.KIND_PREFILL, N.LEVER_PREFIX_CACHING, lambda ev: ER.shared_prompts_uncached(ev, REPEATED_SHARE),
+        + RL.quality_line(ev, N.LEVER_COMPILE_RUNTIME)), gated=True),
+    Rule(N.KIND_PREFILL, N.LEVER_KV_CACHE_AWARE_ROUTING, lambda ev: FR.uneven_prefix_hits(ev, RL.REPEATED_SHARE),
+         lambda ev, st: f"{RL.stage_line(ev, st)}; {FR.routing_why(ev)}"),
+    Rule(N.KIND_PREFILL, N.LEVER_PREFIX_CACHING, lambda ev: ER.shared_prompts_uncached(ev, RL.REPEATED_SHARE),
          lambda ev, st: (
-        f"{_stage_line(ev, st)}; {_pct(ev, 'repeated_hash_share_tail')} of slow requests repeat a prompt "
+        f"{RL.stage_line(ev, st)}; {RL.pct(ev, 'repeated_hash_share_tail')} of slow requests repeat a prompt "
         "already seen, and the prefix cache "
         + ("is off (enable_prefix_caching=False)" if ev.get("prefix_caching_enabled") is False else
-           f"hits {_pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
+           f"hits {RL.pct(ev, 'prefix_cache_hit_ratio')} of prompt tokens")
         + ": shared prompts are prefilled again and again. Enable prefix caching (vLLM "
         "--enable-prefix-caching; route requests that share a prefix to the same replica).")),
     Rule(N.KIND_PREFILL, N.LEVER_SCALE_ON_QUEUE_DEPTH, lambda ev: ER.prefill_is_waiting(ev) and FR.autoscaler_on_resource(ev),
-         lambda ev, st: f"{_stage_line(ev, st)}; SGLang's prefill holds its wait queue; {FR.autoscaler_why(ev)}"),
+         lambda ev, st: f"{RL.stage_line(ev, st)}; SGLang's prefill holds its wait queue; {FR.autoscaler_why(ev)}"),
     Rule(N.KIND_PREFILL, N.LEVER_SCALE_OUT, ER.prefill_is_waiting, lambda ev, st: (
-        f"{_stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
+        f"{RL.stage_line(ev, st)}; SGLang's prefill (time_in_model_prefill) runs from the dispatch "
         "to the scheduler, so it holds the wait queue, and the tail's prompts are no longer than the "
-        f"baseline's ({_n(ev.get('input_tokens_tail'), nd=0)} vs {_n(ev.get('input_tokens_baseline'), nd=0)} "
+        f"baseline's ({RL.num(ev.get('input_tokens_tail'), nd=0)} vs {RL.num(ev.get('input_tokens_baseline'), nd=0)} "
         f"tokens); {ER.queue_depth_line(ev)}: the requests waited, they did not prefill longer. Add replicas "
         "(scale out); SGLang's stage slices (--enable-trace, trace level 1 or more) would split the queue off.")),
     Rule(N.KIND_PREFILL, N.LEVER_REDUCE_BATCH_TOKENS,
-         lambda ev: _large_running(ev) and not ER.long_prompts_in_tail(ev), lambda ev, st: (
-        f"{_stage_line(ev, st)}; the slow requests ran in batches of {_n(_running(ev)[0])} vs "
-        f"{_n(_running(ev)[1])} for normal ones, and each unit of batch adds {_n(ev.get('batch_slope_ms'), ' ms', 2)} "
-        f"(fit r² {_n(ev.get('batch_r2'), '', 2)}): the batch, not the prompt, is slow. Lower the batch budget "
+         lambda ev: RL.large_running(ev) and not ER.long_prompts_in_tail(ev), lambda ev, st: (
+        f"{RL.stage_line(ev, st)}; the slow requests ran in batches of {RL.num(RL.running(ev)[0])} vs "
+        f"{RL.num(RL.running(ev)[1])} for normal ones, and each unit of batch adds {RL.num(ev.get('batch_slope_ms'), ' ms', 2)} "
+        f"(fit r² {RL.num(ev.get('batch_r2'), '', 2)}): the batch, not the prompt, is slow. Lower the batch budget "
         "(max_num_batched_tokens / max_num_seqs) at a little throughput.")),
     Rule(N.KIND_PREFILL, N.LEVER_CAP_PROMPT_TOKENS, WR.long_prompts_at_normal_cost,
-         lambda ev, st: WR.prompt_why(ev, _stage_line(ev, st))),
+         lambda ev, st: WR.prompt_why(ev, RL.stage_line(ev, st))),
     Rule(N.KIND_PREFILL, N.LEVER_CHUNKED_PREFILL, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
+        f"{RL.stage_line(ev, st)}. Long prompts hold the scheduler in prefill: enable chunked "
         "prefill so prompt processing is interleaved with other requests." + WR.chunked_budget_note(ev))),
     Rule(N.KIND_DECODE, N.LEVER_CAP_OUTPUT_TOKENS, ER.long_outputs, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
+        f"{RL.stage_line(ev, st)}; {ER.tokens_line(ev)}: the slow requests are long outputs, not slow "
         "steps (faster decoding would not make them short). Cap what a request may generate (a max_tokens "
         "budget per route or client, or stop sequences).")),
     Rule(N.KIND_DECODE, N.LEVER_CONCURRENCY_LIMIT, FR.overcommitted,
-         lambda ev, st: f"{_stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
+         lambda ev, st: f"{RL.stage_line(ev, st)}; {FR.concurrency_why(ev)}"),
     Rule(N.KIND_DECODE, N.LEVER_KV_CACHE_HEADROOM, ER.kv_pressure, lambda ev, st: (
-        f"{_stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
+        f"{RL.stage_line(ev, st)}; {ER.kv_line(ev)}: decoding requests are preempted and recomputed. "
         "Give the KV cache room (vLLM --gpu-memory-utilization up, --kv-cache-dtype fp8, --max-num-seqs "
         "down; SGLang --mem-fraction-static).")),
     # slow gaps that coincide with other requests' prefills: a step fit on the batch does not remove them;
     # chunked prefill (a flag) before a separate prefill pool (more GPUs)
-    Rule(N.KIND_DECODE, N.LEVER_CHUNKED_PREFILL, WR.unchunked_interference, lambda ev, st: WR.chunked_why(ev, _stage_line(ev, st))),
+    Rule(N.KIND_DECODE, N.LEVER_CHUNKED_PREFILL, WR.unchunked_interference, lambda ev, st: WR.chunked_why(ev, RL.stage_line(ev, st))),
     Rule(N.KIND_DECODE, N.LEVER_SEPARATE_PREFILL_DECODE, WR.prefill_interference,
-         lambda ev, st: WR.separate_why(ev, _stage_line(ev, st))),
-    Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: _large_running(ev), lambda ev, st: (
-        f"{_stage_line(ev, st)}; the running decode batch is {_n(_running(ev)[0])} streams "
-        f"around slow gaps vs {_n(_running(ev)[1])} around normal ones; each sequence in the batch adds "
-        f"{_n(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {_n(ev.get('batch_r2'), '', 2)}), "
-        f"{_n((_batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
+         lambda ev, st: WR.separate_why(ev, RL.stage_line(ev, st))),
+    Rule(N.KIND_DECODE, N.LEVER_REDUCE_BATCH_TOKENS, lambda ev: RL.large_running(ev), lambda ev, st: (
+        f"{RL.stage_line(ev, st)}; the running decode batch is {RL.num(RL.running(ev)[0])} streams "
+        f"around slow gaps vs {RL.num(RL.running(ev)[1])} around normal ones; each sequence in the batch adds "
+        f"{RL.num(ev.get('batch_slope_ms'), ' ms', 2)} to a step (fit r² {RL.num(ev.get('batch_r2'), '', 2)}), "
+        f"{RL.num((RL.batch_driven_share(ev) or 0) * 100, '%', 0)} of a slow gap. Cap the running batch "
         "(max_num_seqs / max_num_batched_tokens).")),
     Rule(N.KIND_DECODE, N.LEVER_CASCADE_SMALL_MODEL, WR.cascade_measured,
-         lambda ev, st: WR.cascade_why(ev, _stage_line(ev, st)) + _quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
+         lambda ev, st: WR.cascade_why(ev, RL.stage_line(ev, st)) + RL.quality_line(ev, N.LEVER_CASCADE_SMALL_MODEL), gated=True),
     Rule(N.KIND_DECODE, N.LEVER_SPECULATIVE_DECODING, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}; the running batch is not larger around slow gaps "
-        f"({_n(_running(ev)[0])} vs {_n(_running(ev)[1])})"
+        f"{RL.stage_line(ev, st)}; the running batch is not larger around slow gaps "
+        f"({RL.num(RL.running(ev)[0])} vs {RL.num(RL.running(ev)[1])})"
         + (f"; {ER.tokens_line(ev)}" if ev.get("per_token_ms_tail") is not None else "")
         + ": each decode step itself is slow. Speculative decoding cuts the steps per token"
-        + (f" (it is on, accepting {_pct(ev, 'spec_decode_acceptance')} of draft tokens: a better-matched "
+        + (f" (it is on, accepting {RL.pct(ev, 'spec_decode_acceptance')} of draft tokens: a better-matched "
            "draft model or fewer speculative tokens)" if ev.get("spec_decode_acceptance") is not None else "")
         + ".")),
     Rule(N.KIND_EGRESS, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}. " + _EGRESS_ADVICE.get(st, "Serializing and writing large responses: shrink "
+        f"{RL.stage_line(ev, st)}. " + RL.EGRESS_ADVICE.get(st, "Serializing and writing large responses: shrink "
                                                            "the payload (fewer fields, compact encoding, compression).")
     )),
     # a gateway or router in front of an LLM engine (analysis/ingest/engines.py): measured first
     Rule(N.KIND_NETWORK, None, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}: time in the gateway or router in front of the engine, outside "
+        f"{RL.stage_line(ev, st)}: time in the gateway or router in front of the engine, outside "
         "the engine's own span (its routing, its connections to the engine, the network). Measure it first: "
         "add stage spans in the gateway before choosing a lever."), stage=N.STAGE_GATEWAY),
     Rule(N.KIND_NETWORK, N.LEVER_SHRINK_RESPONSE, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}{' (client minus server time)' if st == N.STAGE_NETWORK else ''}. "
+        f"{RL.stage_line(ev, st)}{' (client minus server time)' if st == N.STAGE_NETWORK else ''}. "
         "Transfer time: shrink the response.")),
     # receiving and decoding requests (Triton's frontend and input copies, see analysis/ingest/triton.py)
     Rule(N.KIND_INGRESS, N.LEVER_SHRINK_REQUEST, _always, lambda ev, st: (
-        f"{_stage_line(ev, st)}. " + _INGRESS_ADVICE.get(st, (
+        f"{RL.stage_line(ev, st)}. " + RL.INGRESS_ADVICE.get(st, (
             f"The server spends this time taking requests in ({st}): send smaller inputs (binary tensor "
             "data instead of JSON, fewer and smaller tensors)."))
     )),
@@ -417,5 +268,5 @@ def rejected(stage: str, kind: str | None, ev: Evidence) -> list[tuple[str, str]
         if rule.acceptable(ev):
             break
         assert rule.lever is not None
-        out.append((rule.lever, f"{_not_acceptable(ev, rule.lever)} {rule.why(ev, stage)}"))
+        out.append((rule.lever, f"{RL.not_acceptable(ev, rule.lever)} {rule.why(ev, stage)}"))
     return out
