@@ -65,7 +65,7 @@ REPLAY_TOLERANCE = 0.25
 #: slot comes before its slot, so that the chunks let them through. The slot a request gets is the least
 #: recently used free one, not ordered by arrival: half, for slots in no particular order. (Measured in
 #: one llama.cpp lever run: of 26 short prompts that arrived during a long prompt's chunked prefill,
-#: 14 got their first token well before it finished, 8 only when it did, 4 after it.)
+#: 13 got their first token well before it finished, 8 only when it did, 5 after it.)
 AHEAD_SHARE = 0.5
 #: reduce-batch-tokens (inter-token) caps the running batch where its predicted quantile is at most this
 #: share of the threshold: a measurement 25 % above its prediction (the demo's lever-check tolerance)

@@ -13,8 +13,9 @@ next. Each fault is sized by the quantity that makes it:
   ``n`` streams decoding together (DECODE_PROBE_SHARES of the slots), the median gap fitted as
   ``a + b n``; the arrival rate keeps DECODE_LOAD_SHARE of the slots decoding (Little's law with that
   step) and the inter-token threshold is ITL_SLO_OVER_STEP x the fitted step with half the slots decoding:
-  the running-batch cap the analysis chooses (where its fit is half the threshold) then leaves half
-  the threshold for the scatter, and the full run's gaps pass it (:func:`decode_load`);
+  the full run's gaps, at 3/4 of the slots and more, pass it, and the running-batch cap the analysis
+  chooses (the largest whose fitted step plus scatter stays within 80 % of the threshold) lies below
+  half the slots (:func:`decode_load`);
 * a slot fault (true stage ``queue``): one request's service time with every slot of the server busy;
   the arrival rate is SLOTS_OVERLOAD x those slots' capacity, and the TTFT threshold
   TTFT_SLO_OVER_SERVICE x that service time (:func:`slot_load`). The lever's servers are timed the
@@ -76,8 +77,8 @@ DECODE_PROBE_SHARES = (0.25, 0.5, 1.0)
 DECODE_PROBE_TOKENS = 64
 #: The decode fault's load keeps this share of the slots decoding on average.
 DECODE_LOAD_SHARE = 0.75
-#: The inter-token threshold over the fitted step with half the slots decoding: the analysis caps the
-#: batch where its fit is half the threshold (about half the slots), so half is left for the scatter.
+#: The inter-token threshold over the fitted step with half the slots decoding: twice the step there, so
+#: the analysis' cap (fitted step plus scatter within 80 % of the threshold) is reachable below it.
 #: (The probe's p95 gap moved 19-40 ms with the machine's other load; its median step 15-20 ms.)
 #: (The scenario's SLO is a p95: at p99 the gateway path's scatter in a run, 40 ms at 10 slots here,
 #: took more than half of any threshold the 16-slot run breached.)
@@ -210,9 +211,9 @@ def decode_load(
     """``(arrival rate /s, inter-token threshold ms)`` for a decode fault on ``slots`` slots, from the
     median gap with ``n`` streams decoding (``points``: ``(n, ms)``). The rate keeps ``L = DECODE_LOAD_SHARE x slots`` streams decoding (Little's law,
     ``L = rate x (prompt_ms + max_tokens x step(L))``, the step fitted as ``a + b n``). The threshold is
-    ITL_SLO_OVER_STEP x the fitted step at half the slots: the analysis caps the running batch where its
-    step fit is half the threshold (about half the slots), which leaves the other half for the scatter,
-    while the full run's gaps, at 3/4 of the slots and more, pass it. A step that does not grow with
+    ITL_SLO_OVER_STEP x the fitted step at half the slots: the full run's gaps, at 3/4 of the slots and
+    more, pass it, and the analysis' cap (fitted step plus scatter within 80 % of the threshold) lies
+    below half the slots. A step that does not grow with
     the streams (the fit's slope at or below 0) cannot make this fault: a UserError says so."""
     a, b = step_fit(points)
     if b <= 0:
