@@ -72,9 +72,10 @@ def _batch_effect(
     ), "+" if factor > 1.0 else "0")  # fmt: skip
 
 
-def _decode_effect(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, Any]:
+def _decode_effect(con: duckdb.DuckDBPyConnection, view: SLIView, cap: Any = None) -> dict[str, Any]:
     """reduce-batch-tokens: a decode step ``a + b r`` serves ``r`` streams, so a token costs
-    ``a / r + b``; the cap is the one the prediction uses (the fitted step at half the threshold)."""
+    ``a / r + b``; the cap is the one the prediction uses (``evidence.running_cap``, analysis.
+    llm_levers.gap_prediction), else the fitted step at half the threshold."""
     src = (
         f"{view.name} g LEFT JOIN (SELECT trace_id, any_value(batch_size) AS running FROM requests GROUP BY 1) r "
         "USING (trace_id)"
@@ -90,7 +91,8 @@ def _decode_effect(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, A
             None, 1.0, "a smaller running batch serves fewer tokens per step: no fit of the step on it", "+"
         )
     b, a, r_now = float(row[0]), max(0.0, float(row[1])), float(row[2])
-    r_new = min(r_now, max(1.0, float(int((view.slo.threshold_ms / 2.0 - a) / b))))
+    own = float(cap) if isinstance(cap, int | float) and cap >= 1 else float(int((view.slo.threshold_ms / 2.0 - a) / b))
+    r_new = min(r_now, max(1.0, own))
     factor = (a / r_new + b) / (a / r_now + b)
     return _factor(factor, 1.0, (
         f"the running batch goes {r_now:.1f} -> {r_new:.0f} streams; a step costs {a:.1f} ms + {b:.2f} ms per "
@@ -143,7 +145,7 @@ def lever_effect(
     if lever == N.LEVER_CAP_BATCH_WAIT and attr is not None and view.per_request:
         return _batch_effect(con, view, attr, ev)
     if lever == N.LEVER_REDUCE_BATCH_TOKENS:
-        return _decode_effect(con, view)
+        return _decode_effect(con, view, ev.get("running_cap"))
     if lever in EVENT_LEVERS:  # pods added on purpose (analysis.event_rules); ev["fleet"] from the events
         return capacity_effect(lever, ev.get("fleet"))
     if lever == N.LEVER_SPECULATIVE_DECODING:

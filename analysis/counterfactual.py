@@ -19,7 +19,9 @@ Model (stated, with its limits):
     executor time per request (busy time of distinct compute spans / requests; for token streams
     without compute spans, an LLM engine's slots: each stream's prefill start to decode end, ``c`` the
     most streams in service at once). It assumes the added executors are as fast as the measured
-    ones (a second engine on a core of its own);
+    ones (a second engine on a core of its own) unless the service measured the scaled-out fleet's
+    service time (``stagescope_executor_service_seconds{variant}``, :func:`quality.service_ratio`):
+    then the executor time per request is scaled by the measured ratio;
   - ``offload-preprocessing``: the stage's p5 is its CPU cost; the waiting inside the stage is replaced
     by the wait for a worker of a G/G/k pool (Erlang C with an exponential tail), k the smallest pool
     whose predicted quantile meets the SLO (the cheapest fix; else the smallest with fewer than
@@ -38,13 +40,13 @@ Model (stated, with its limits):
     that measurement there is no effect model: no prediction, "measure after applying";
   - ``cache-results``: requests whose input hash was already seen (every repeat after the first)
     skip batch wait, queue and compute; the others are unchanged;
-  - ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
-    time (gap = a + b * running, fitted to the median gap at each running batch size; ``running`` =
-    the gap's own running batch where the server counted it, else its stream's mean) reaches half
-    the threshold; the predicted quantile is the fitted step at the cap plus the quantile of the
-    gaps' scatter around the fit among the gaps that already ran at the cap or below (interference
-    from prefills joining a step, stalls, which the cap does not remove); the cap is
-    ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
+  - ``reduce-batch-tokens`` (inter-token): the predicted quantile at a running-batch cap is the
+    fitted step time at the cap (gap = a + b * running, fitted to the median gap at each running
+    batch size; ``running`` = the gap's own running batch where the server counted it, else its
+    stream's mean) plus the quantile of the gaps' scatter around the fit among the gaps that already
+    ran at the cap or below (interference from prefills joining a step, stalls, which the cap does
+    not remove); the cap is the largest whose prediction stays within 80 % of the threshold
+    (``evidence.running_cap``); ``speculative-decoding``: gaps halved;
   - ``reduce-batch-tokens`` (per-request SLIs): the stage's time fitted on the batch size, the cap
     halved from the largest batch; requests over it lose the fitted time beyond it;
   - ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
@@ -86,7 +88,13 @@ from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import input_ref, trace_ref
-from stagescope.analysis.llm_levers import CHUNK_TOKENS, batch_cap, chunked_prefill, gap_prediction
+from stagescope.analysis.llm_levers import (
+    CHUNK_TOKENS,
+    batch_cap,
+    chunked_prefill,
+    gap_prediction,
+    slot_scale_out,
+)
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 from stagescope.analysis.workload_levers import prediction as workload_prediction
 
@@ -268,15 +276,30 @@ def scale_out(
     if m is None or m["lam_per_s"] <= 0:
         return None
     c2 = max(int(m["executors"]) + 1, int(factor * m["executors"]))
-    model = Q.QueueModel(c2, 1000.0 / m["service_ms"], m["lam_per_s"], m["ca2"], m["cs2"])
+    # the added executors' measured speed where the service measured it (a second server on a machine
+    # without a free core is slower, and slows the first), else as fast as the measured ones
+    measured = QL.service_ratio(con, N.LEVER_SCALE_OUT)
+    ratio = measured[0] if measured is not None else 1.0
+    speed = (
+        "" if measured is None else
+        f"; each request's executor time x{ratio:.2f} as the service measured the scaled-out fleet "
+        f"({measured[1]:.0f} -> {measured[2]:.0f} ms with every executor busy)"
+    )  # fmt: skip
+    # an LLM engine's slots: the measured arrivals replayed through the added slots (the trace's own
+    # bursts and length; a steady-state formula overstated a 20 s run's wait 5x at utilization 0.9)
+    replayed = slot_scale_out(con, view, attr, col, executors=int(m["executors"]), ratio=ratio, to_executors=c2)
+    if replayed is not None:
+        return replayed[0], replayed[1] + speed
+    service_ms = m["service_ms"] * ratio
+    model = Q.QueueModel(c2, 1000.0 / service_ms, m["lam_per_s"], m["ca2"], m["cs2"])
     if model.utilization >= 0.999:
         return None
     wait = model.wait_ms_sql(Q.uniform_rank_sql("trace_ref"))
     pred = _q(con, BREAKDOWN, f"value_ms - {col} + {wait}", view.slo.quantile, attr)
     return pred, (
         f"executors {m['executors']:.0f} -> {c2}: queue wait of a G/G/{c2} queue (Allen-Cunneen) at "
-        f"{m['lam_per_s']:.1f} req/s, {m['service_ms']:.1f} ms of executor time per request "
-        f"(utilization {model.utilization:.0%}, {model.p_wait:.1%} of requests wait)"
+        f"{m['lam_per_s']:.1f} req/s, {service_ms:.1f} ms of executor time per request "
+        f"(utilization {model.utilization:.0%}, {model.p_wait:.1%} of requests wait){speed}"
     )
 
 

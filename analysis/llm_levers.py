@@ -1,19 +1,27 @@
 """The LLM levers' effect models: inter-token gaps (decode) and time to first token (prefill).
 
-* ``reduce-batch-tokens`` (inter-token): the running decode batch is capped where the fitted step
-  time (gap = a + b * running, fitted to the median gap at each running batch size,
-  attribution.step_fit; ``running`` = the gap's own running batch where the server counted it, else
-  its stream's mean) reaches half the threshold; the predicted quantile is the fitted step at the cap
-  plus the quantile of the gaps' scatter around the fit among the gaps that already ran at the cap or
-  below (interference from prefills joining a step, stalls, which the cap does not remove); the cap
-  is ``evidence.running_cap``; ``speculative-decoding``: gaps halved;
+* ``reduce-batch-tokens`` (inter-token): the predicted quantile at a running-batch cap ``n`` is the
+  fitted step time at ``n`` (gap = a + b * running, fitted to the median gap at each running batch
+  size, attribution.step_fit; ``running`` = the gap's own running batch where the server counted
+  it, else its stream's mean) plus the quantile of the gaps' scatter around the fit among the gaps
+  that already ran at ``n`` or below (interference from prefills joining a step, stalls, which the
+  cap does not remove); the cap is the largest ``n`` whose prediction stays within
+  :data:`CAP_HEADROOM` of the threshold, reported as ``evidence.running_cap``;
+  ``speculative-decoding``: gaps halved;
 * ``reduce-batch-tokens`` (TTFT, end to end: a stage whose time grows with the batch a request ran
   in): the stage's time is fitted on the request's batch size (``batch_size``: tokens or sequences,
   as the engine counts its batch budget); the batch cap is halved from the largest batch seen (one
   step of ``max_num_batched_tokens`` / ``max_num_seqs``, at a little throughput) and each request
   over the cap loses the fitted time of the batch beyond it;
 * ``chunked-prefill`` (TTFT): a long prompt's own prefill is unchanged, the others wait at most for
-  the step in progress and their own step, each carrying one chunk (:data:`CHUNK_TOKENS`).
+  the step in progress and their own step, each carrying one chunk (:data:`CHUNK_TOKENS`); on an
+  engine that fills a step's prompt budget slot by slot (llama.cpp, :func:`slot_ordered_fill`) only
+  the prompts in a slot before the long prompt's (:data:`AHEAD_SHARE`) get through, the others still
+  wait for its whole prefill;
+
+* ``scale-out`` of an LLM engine's slots (:func:`slot_scale_out`): the measured arrivals replayed
+  through twice the slots, each request holding one for its measured time (times the added servers'
+  measured speed where the service measured it).
 
 Gaps of sampled streams count ``w`` times (the SLI view's weights), breakdown rows by the
 attribution's weights (analysis.weighting). analysis.counterfactual dispatches to these.
@@ -27,16 +35,44 @@ import duckdb
 
 from stagescope import names as N
 from stagescope.analysis import intervals as I
-from stagescope.analysis.attribution import Attribution
-from stagescope.analysis.breach import SLIView
+from stagescope.analysis import queueing as Q
+from stagescope.analysis.attribution import BREAKDOWN, Attribution
+from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
+from stagescope.analysis.keys import trace_ref
 from stagescope.analysis.weighting import weighted_quantile, weighted_quantile_sql, weighted_slope
 
-__all__ = ["CHUNK_TOKENS", "batch_cap", "chunked_prefill", "gap_prediction"]
+__all__ = [
+    "AHEAD_SHARE",
+    "CAP_HEADROOM",
+    "CHUNK_TOKENS",
+    "REPLAY_TOLERANCE",
+    "batch_cap",
+    "chunked_prefill",
+    "gap_prediction",
+    "slot_ordered_fill",
+    "slot_scale_out",
+]
 
 #: Prompt tokens per sequence per step assumed for chunked prefill (vLLM-style chunk budget).
 CHUNK_TOKENS = 256
+#: The slot replay (:func:`slot_scale_out`) is used where, replayed with today's slots, it gives the
+#: measured queue's SLO quantile within this share (on a llama.cpp run: 14,870 ms replayed, 14,971 ms
+#: measured).
+REPLAY_TOLERANCE = 0.25
+#: Slot-ordered chunked prefill (llama.cpp): the share of the prompts waiting behind a long prompt whose
+#: slot comes before its slot, so that the chunks let them through. The slot a request gets is the least
+#: recently used free one, not ordered by arrival: half, for slots in no particular order. (Measured in
+#: one llama.cpp lever run: of 26 short prompts that arrived during a long prompt's chunked prefill,
+#: 13 got their first token well before it finished, 8 only when it did, 5 after it.)
+AHEAD_SHARE = 0.5
+#: reduce-batch-tokens (inter-token) caps the running batch where its predicted quantile is at most this
+#: share of the threshold: a measurement 25 % above its prediction (the demo's lever-check tolerance)
+#: still meets the SLO (1 / 1.25). The cap was once chosen where the fitted step alone is half the
+#: threshold: an intercept extrapolated below the batches seen, which moved 1.9-20.5 ms between runs
+#: and the cap with it (1, 3, 4, 5, 6 streams on the same llama.cpp scenario).
+CAP_HEADROOM = 0.8
 
 
 def gap_prediction(
@@ -67,33 +103,49 @@ def gap_prediction(
             icpt_v = None if got is None or slope_v is None or got[0] is None else float(got[0]) - slope_v * float(got[1])
     if slope_v is not None and icpt_v is not None and float(slope_v) > 0:
         slope, icpt = float(slope_v), float(icpt_v)
-        cap = max(1.0, float(int((view.slo.threshold_ms / 2.0 - icpt) / slope)))
+        top = con.execute(f"SELECT max(running) FROM {src}").fetchone()
+        top_n = max(1, int(top[0])) if top is not None and top[0] is not None else 1
+
+        def at(n: int) -> tuple[Any, float]:
+            # scatter around the fit among the gaps that already ran at a batch no larger than n (else
+            # the lowest decile of running batches): the interference (another stream's prompt in the
+            # step, a stall) that remains once the batch is pinned at n; its quantile carries the
+            # prediction's interval (the fit held fixed)
+            res = None
+            for cond in (f"running <= {n!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
+                low = f"(SELECT * FROM {src} WHERE {cond})"
+                got = con.execute(f"SELECT count(*) FROM {low}").fetchone()
+                res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
+                if got is not None and got[0] and got[0] >= 1.0 / max(1e-9, 1.0 - q):
+                    break
+            return res, max(0.0, float(res)) if res is not None else 0.0
+
+        # the largest cap whose predicted quantile (fitted step at the cap plus the scatter at or below
+        # it) stays within CAP_HEADROOM of the threshold; the predicted quantile grows with the cap, so
+        # a bisection over 1..the largest running batch seen finds it
+        target = CAP_HEADROOM * view.slo.threshold_ms
+        lo, hi = 1, top_n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if icpt + slope * mid + at(mid)[1] <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        cap = float(lo)
         ev["running_cap"] = int(cap)  # the setting this prediction is for (the demo's lever check applies it)
-        # scatter around the fit among the gaps that already ran at a batch no larger than the cap (else
-        # the lowest decile of running batches): the interference (another stream's prompt in the step,
-        # a stall) that remains once the batch is pinned at the cap; its quantile carries the
-        # prediction's interval (the fit held fixed)
-        res = None
-        for cond in (f"running <= {cap!r}", f"running <= (SELECT quantile_cont(running, 0.1) FROM {src})"):
-            low = f"(SELECT * FROM {src} WHERE {cond})"
-            n = con.execute(f"SELECT count(*) FROM {low}").fetchone()
-            res = _q(con, low, f"value_ms - ({icpt!r} + {slope!r} * running)", q, weight=w)
-            if n is not None and n[0] and n[0] >= 1.0 / max(1e-9, 1.0 - q):
-                break
-        scatter = max(0.0, float(res)) if res is not None else 0.0
+        res, scatter = at(int(cap))
         before = _q(con, view.name, "value_ms", q, weight=w)
         step = icpt + slope * cap
         pred = step + scatter
-        lo, hi = res.interval if res is not None else (None, None)
-        ends = [None if x is None else step + max(0.0, x) for x in (lo, hi)]
+        ends = [None if x is None else step + max(0.0, x) for x in (res.interval if res is not None else (None, None))]
         if before is not None and pred > before:  # capping never makes gaps slower than they were
             pred, ends = float(before), list(before.interval)
         return (
             I.estimate(pred, (ends[0], ends[1]), res.method if res is not None else I.METHOD_ORDER,
                        res.samples if res is not None else 0.0),
-            f"running decode batch capped at {cap:.0f} streams, where the fitted step "
-            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) is half the threshold, plus the "
-            f"{scatter:.1f} ms scatter of the gaps that already ran at {cap:.0f} streams or fewer",
+            f"running decode batch capped at {cap:.0f} streams, the largest cap whose fitted step "
+            f"({icpt:.1f} ms + {slope:.2f} ms per running stream) plus the {scatter:.1f} ms scatter of the "
+            f"gaps that already ran at {cap:.0f} streams or fewer stays within {CAP_HEADROOM:.0%} of the threshold",
         )
     base = _q(con, view.name, "value_ms", 0.5, weight=w)
     if base is None:
@@ -101,6 +153,25 @@ def gap_prediction(
     return _q(
         con, view.name, f"least(value_ms, {base * 1.5!r})", q, weight=w
     ), "slow gaps capped at 1.5x the median gap"
+
+
+def slot_ordered_fill(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the engine fills a step's prompt budget slot by slot: llama.cpp's server, known by its
+    own metrics (``llamacpp:*``) among the scraped samples. Its ``update_slots`` (tools/server/
+    server-context.cpp of llama-cpp-python 0.3.36's vendored tree) first adds one token for every
+    generating slot (lines 2963-3080), then walks the slots in index order and adds each one's prompt
+    tokens while the batch holds fewer than ``n_batch`` (lines 3093-3097: "batch is full, skip remaining
+    slots"; 3505: the per-slot fill loop); a new request takes the least recently used free slot
+    (``get_available_slot``, lines 1528-1612; no prompt is similar enough here for its LCP rule), so its
+    index says nothing of its arrival."""
+    try:
+        row = con.execute(
+            "SELECT count(*) FROM metric_samples WHERE metric IN (?, ?, ?)",
+            [N.LLAMACPP_PROMPT_TOKENS, N.LLAMACPP_DECODE_CALLS, N.LLAMACPP_REQUESTS_PROCESSING],
+        ).fetchone()
+    except duckdb.Error:
+        return False
+    return bool(row and row[0])
 
 
 def chunked_prefill(
@@ -127,18 +198,29 @@ def chunked_prefill(
         return None
     per_token, gap = float(row[0]), weighted_quantile(con, src, "itl", 0.5, "w") or 0.0
     step = gap + CHUNK_TOKENS * per_token
+    fair = f"least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})"
+    slot_ordered = slot_ordered_fill(con)
+    # slot-ordered fill: a waiting prompt gets the fair bound only where its slot comes before the long
+    # prompt's (a deterministic pseudo-uniform rank per request stands for its slot's position)
+    new = f"(CASE WHEN {Q.uniform_rank_sql('trace_ref')} < {AHEAD_SHARE!r} THEN {fair} ELSE {col} END)" if slot_ordered else fair
     pred = _q(
         con,
         f"{bucketed} LEFT JOIN {intrinsic} USING (k)",
-        f"value_ms - {col} + least({col}, coalesce(intrinsic, {col}) + 2 * {step!r})",
+        f"value_ms - {col} + {new}",
         view.slo.quantile,
         attr,
     )
-    return pred, (
-        f"a prompt waits at most for the step in progress and its own step, each carrying one chunk "
-        f"({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt tokens at "
-        f"{per_token:.3f} ms each); a long prompt's own prefill unchanged"
+    chunked = (
+        f"each step carrying one chunk ({step:.1f} ms: a {gap:.1f} ms decode step plus {CHUNK_TOKENS} prompt "
+        f"tokens at {per_token:.3f} ms each); a long prompt's own prefill unchanged"
     )
+    if slot_ordered:
+        return pred, (
+            "llama.cpp fills each step's prompt budget slot by slot (its metrics were scraped): a prompt in a "
+            f"slot before the long prompt's ({AHEAD_SHARE:.0%} of them) waits at most for the step in progress "
+            f"and its own step, one in a later slot still waits for the long prompt's whole prefill; {chunked}"
+        )
+    return pred, f"a prompt waits at most for the step in progress and its own step, {chunked}"
 
 
 def batch_cap(
@@ -168,4 +250,66 @@ def batch_cap(
         f"{stage} fitted at {float(slope):.3f} ms per unit of batch; batches capped at {cap:.0f} (half the "
         f"largest seen, {top:.0f}), each request over the cap losing the fitted time of the batch beyond it",
         f"max batch tokens {top:.0f} -> {cap:.0f}",
+    )
+
+
+def slot_scale_out(
+    con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, *, executors: int, ratio: float,
+    to_executors: int | None = None,
+) -> tuple[Any, str] | None:
+    """scale-out of an LLM engine's slots (token streams, no compute spans), replayed: every one of the
+    SLO's requests arrives when it did and holds an executor (a slot) for its measured time, first
+    prefill start to last decode end, times ``ratio`` (the added servers' measured speed, 1 without
+    it), through ``to_executors`` (default ``2 x executors``) first-come first-served executors (queueing.replay_waits); its
+    ``col`` (queue) time becomes the replayed wait. The same replay with today's ``executors`` is the
+    model's check: where its queue quantile is not within REPLAY_TOLERANCE of the measured one, the
+    slots' hold times do not explain the queue, and this returns None (the caller's steady-state queue
+    model answers). None too on sampled traces (the kept requests are not every arrival) or without
+    streams."""
+    import pyarrow as pa  # the analysis extra's; imported here, as the replay is the only user
+
+    stream = attr.of_kind(N.KIND_PREFILL) + attr.of_kind(N.KIND_DECODE)
+    if attr.weighted or attr.of_kind(N.KIND_COMPUTE) or not stream or executors < 1:
+        return None
+    ref = trace_ref(con)
+    rows = con.execute(
+        f"""WITH r AS (SELECT {ref} AS ref, start_unix_ns AS t FROM requests
+                       WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL AND start_unix_ns IS NOT NULL),
+                 h AS (SELECT {ref} AS ref, (max(end_unix_ns) - min(start_unix_ns)) / 1e6 AS hold FROM stages
+                       WHERE stage IN ({", ".join(sql_str(x) for x in stream)}) AND {ref} IN (SELECT ref FROM r)
+                       GROUP BY 1)
+            SELECT CAST(r.ref AS VARCHAR), r.t, coalesce(h.hold, 0.0) FROM r LEFT JOIN h USING (ref) ORDER BY r.t"""
+    ).fetchall()
+    if len(rows) < 2:
+        return None
+    t0 = rows[0][1]
+    arr = [(t - t0) / 1e6 for _, t, _ in rows]
+    hold = [float(h) for _, _, h in rows]
+    c2 = to_executors or 2 * executors
+    now = Q.replay_waits(arr, hold, executors)
+    after = Q.replay_waits(arr, [h * ratio for h in hold], c2)
+    q = view.slo.quantile
+    con.register("ss_replay_src", pa.table({"ref": [r for r, _, _ in rows], "t0": [t for _, t, _ in rows],
+                                            "now_ms": now, "wait_ms": after}))  # fmt: skip
+    con.execute("CREATE OR REPLACE TEMP TABLE ss_replay AS SELECT * FROM ss_replay_src")
+    con.unregister("ss_replay_src")
+    src = (
+        f"(SELECT b.*, w.now_ms, coalesce(w.wait_ms, {col}) AS replay_wait FROM {BREAKDOWN} b LEFT JOIN ss_replay w "
+        "ON CAST(b.trace_ref AS VARCHAR) = w.ref AND b.start_unix_ns = w.t0)"
+    )
+    check_replay = _q(con, src, "now_ms", q, attr)
+    check_measured = _q(con, src, col, q, attr)
+    if check_replay is None or check_measured is None:
+        return None
+    replayed, measured = float(check_replay), float(check_measured)
+    if abs(replayed - measured) > REPLAY_TOLERANCE * max(measured, 1.0):
+        return None  # the slots' hold times do not explain the measured queue: not this model's queue
+    # last: the plan (analysis.plan) composes on the last expression a lever model's quantile read
+    pred = _q(con, src, f"value_ms - {col} + replay_wait", q, attr)
+    seen = f"; replayed with today's {executors} the queue's p{q * 100:g} is {replayed:,.0f} ms (measured {measured:,.0f} ms)"
+    held = sum(hold) / len(hold)
+    return pred, (
+        f"executors {executors} -> {c2}: the {len(rows)} arrivals replayed first come, first served "
+        f"through {c2} executors, each request holding one for its measured time (mean "
+        f"{held:,.0f} ms{'' if ratio == 1.0 else f', x{ratio:.2f}'}){seen}"
     )

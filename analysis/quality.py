@@ -13,6 +13,10 @@ median CPU time of one batch at a few batch sizes. This module reads them from `
 * :func:`gate`: whether the lever's accuracy cost stays within the SLO's ``quality_budget``
   (points of accuracy); beyond it the lever is not acceptable whatever it saves.
 
+The same holds for a fleet-changing lever: :func:`service_ratio` reads one request's service time
+with every executor busy as served and with the lever's fleet (``scale-out``'s added servers), so
+the scale-out model uses the added servers' measured speed instead of assuming they are as fast.
+
 Without the families there is no effect model (the caller says "measure after applying"), and the
 quality gate is unknown (the rationale says to validate on an eval set).
 """
@@ -27,7 +31,7 @@ import duckdb
 
 from stagescope import names as N
 
-__all__ = ["describe_curve", "gate", "model_facts", "nearest_ratio", "ratio_sql", "speed_curve"]
+__all__ = ["describe_curve", "gate", "model_facts", "nearest_ratio", "ratio_sql", "service_ratio", "speed_curve"]
 
 
 def model_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
@@ -115,3 +119,23 @@ def gate(facts: dict[str, Any], lever: str, budget_points: float | None) -> dict
         "eval_samples": facts.get("eval_samples"),
         "acceptable": None if budget_points is None else drop <= budget_points + 1e-9,
     }
+
+
+def service_ratio(con: duckdb.DuckDBPyConnection, lever: str) -> tuple[float, float, float] | None:
+    """``(lever's / served, served ms, lever's ms)``: one request's time holding an executor with every
+    executor busy, as the service measured it with ``lever``'s fleet (``scale-out``: the added
+    servers, which on a machine without a free core for them run slower) and as served
+    (``stagescope_executor_service_seconds{variant}``, the latest scrape); None without both."""
+    try:
+        rows = con.execute(
+            """SELECT labels[?] AS variant, arg_max(value, coalesce(ts_ms, 0)) FROM metric_samples
+                WHERE metric = ? AND value IS NOT NULL GROUP BY 1""",
+            [N.LABEL_VARIANT, N.METRIC_EXECUTOR_SERVICE],
+        ).fetchall()
+    except duckdb.Error:
+        return None
+    got = {v: float(x) for v, x in rows if v is not None and x is not None and math.isfinite(float(x)) and x > 0}
+    if N.VARIANT_SERVING not in got or lever not in got:
+        return None
+    s, t = got[N.VARIANT_SERVING], got[lever]
+    return t / s, s * 1000.0, t * 1000.0

@@ -15,12 +15,13 @@ first-come first-served; a bursty trace or a warm-up period makes the real tail 
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
 import duckdb
 
-__all__ = ["Arrivals", "QueueModel", "arrivals", "erlang_c", "servers_for", "uniform_rank_sql"]
+__all__ = ["Arrivals", "QueueModel", "arrivals", "erlang_c", "replay_waits", "servers_for", "uniform_rank_sql"]
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -165,3 +166,21 @@ def _weighted_arrivals(con: duckdb.DuckDBPyConnection, view: str, scale_ms: floa
         if idc is not None and idc[0] is not None and math.isfinite(float(idc[0])):
             ca2 = float(idc[0])
     return Arrivals(total / span_s, min(4.0, max(0.25, ca2)), n)
+
+
+def replay_waits(arrivals_ms: list[float], service_ms: list[float], servers: int) -> list[float]:
+    """Each request's wait (ms) in a first-come first-served queue of ``servers`` identical servers,
+    the requests arriving at ``arrivals_ms`` (sorted) and holding a server for ``service_ms`` (a
+    trace-driven replay: Kiefer-Wolfowitz's recursion for G/G/c, the next free server's time). Unlike
+    the steady-state formulas it keeps the trace's own bursts and its length: a short window that
+    starts with an empty queue does not wait as long as the steady state (the relaxation time of a
+    queue at utilization ``rho`` grows as ``1 / (1 - sqrt(rho))^2`` service times)."""
+    if servers < 1:
+        raise ValueError(f"servers must be at least 1, got {servers}")
+    free = [float("-inf")] * servers
+    out: list[float] = []
+    for t, s in zip(arrivals_ms, service_ms, strict=True):
+        start = max(t, heapq.heappop(free))
+        out.append(start - t)
+        heapq.heappush(free, start + max(0.0, s))
+    return out

@@ -431,6 +431,9 @@ METRIC_STAGES_FOLDED: Final = "stagescope_stages_folded_total"  # counter: stage
 METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
 METRIC_MODEL_EVAL_SAMPLES: Final = "stagescope_model_eval_samples"  # gauge: size of the held-out eval set
 METRIC_MODEL_VARIANT_BATCH: Final = "stagescope_model_variant_batch_seconds"  # gauge: median s per batch (CPU s on CPU engines)
+# What a fleet-changing lever would do to one request's time holding an executor, measured by the service
+# (the llama.cpp demo's sizing probe: every slot busy, as served and with the lever's servers); label variant.
+METRIC_EXECUTOR_SERVICE: Final = "stagescope_executor_service_seconds"  # gauge: median s per request, all busy
 
 # OpenTelemetry GenAI semantic conventions, as Prometheus renders them (dots to underscores + unit).
 METRIC_GENAI_TTFT: Final = "gen_ai_server_time_to_first_token_seconds"  # arrival to first token

@@ -138,5 +138,12 @@ def test_each_llama_scenario_is_diagnosed_as_its_truth(
     if sc.breach:
         v = report["verdict"]
         assert (v["stage"], v["lever"]) == (sc.true_stage, sc.lever), report["levers"]
-        pred = next(x["predicted_p99_ms"] for x in report["levers"] if x["lever"] == sc.lever)
-        assert pred is not None and pred < report["quantile_ms"]
+        lever = next(x for x in report["levers"] if x["lever"] == sc.lever)
+        pred = lever["predicted_p99_ms"]
+        if sc.lever == N.LEVER_CHUNKED_PREFILL:
+            # llama.cpp fills its steps slot by slot: the long prompts' own prefill (1 in 15 requests, the
+            # p95) and the prompts in later slots keep their time, so the quantile may stay where it was
+            assert "slot by slot" in lever["rationale"]
+            assert pred is not None and pred <= report["quantile_ms"]
+        else:
+            assert pred is not None and pred < report["quantile_ms"]

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from stagescope.service.llama_cpp.scenarios import COMPLETIONS_ROUTE, LLAMA_SCENARIOS
-from stagescope.service.llama_cpp.sizing import sizing, tokens_for
+from stagescope.service.llama_cpp.sizing import MEASURED_PREFIX, sizing, tokens_for
 from stagescope.service.scenarios import Scenario
 
 __all__ = [
     "API",
     "DEFAULT_SCENARIO",
     "LABEL",
+    "MEASURED_PREFIX",
     "NAME",
     "ROUTE",
     "SCENARIOS",
@@ -97,5 +98,8 @@ def serve_command(
         "--baseline-sample", "1",  # keep every trace: the analysis needs the baseline too
     ]  # fmt: skip
     for k, v in (overrides or {}).items():
-        cmd += ["--set", f"{k}={v}"]
+        if k.startswith(MEASURED_PREFIX):  # a measurement for the analysis, not an engine setting
+            cmd += ["--measured-service", f"{k[len(MEASURED_PREFIX):]}={v}"]
+        else:
+            cmd += ["--set", f"{k}={v}"]
     return [*cmd, "--apply-lever"] if apply_lever else cmd

@@ -34,14 +34,14 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -187,9 +187,18 @@ def create_gateway_app(
     baseline_sample: float | None = None,
     registry: CollectorRegistry | None = None,
     service_name: str = "llama-cpp-gateway",
+    measured_service_s: Mapping[str, float] | None = None,
 ) -> FastAPI:
-    """The gateway as a FastAPI app in front of ``replica_urls`` (each with ``slots`` slots)."""
+    """The gateway as a FastAPI app in front of ``replica_urls`` (each with ``slots`` slots).
+    ``measured_service_s``: one request's service time (s) with every slot busy, measured before the
+    run, by variant (``serving``, or a lever such as ``scale-out`` for the servers it would run),
+    exported as ``stagescope_executor_service_seconds{variant}`` for the scale-out model."""
     registry = registry if registry is not None else CollectorRegistry()
+    if measured_service_s:
+        g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
+                  "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
+        for variant, secs in measured_service_s.items():
+            g.labels(variant).set(float(secs))
     replicas = [Replica(i, u.rstrip("/"), slots) for i, u in enumerate(replica_urls)]
     router = Router(replicas)
     relay = MetricsRelay(replicas)

@@ -26,7 +26,7 @@ from typing import Any
 
 from stagescope.errors import EXIT_USAGE, UserError
 
-__all__ = ["main", "parse_assignments", "scenario_config"]
+__all__ = ["main", "measured_service", "parse_assignments", "scenario_config"]
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
@@ -69,8 +69,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", metavar="DIR", default=None, help="llama-server logs (default: beside --spans-out)")
     p.add_argument("--slow-threshold-ms", type=float, default=None)
     p.add_argument("--baseline-sample", type=float, default=None)
+    p.add_argument("--measured-service", dest="measured", action="append", default=[], metavar="VARIANT=SECONDS",
+                   help="one request's measured service time with every slot busy (variant serving, or a lever "
+                        "such as scale-out), exported for the analysis' scale-out model (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the engine settings as JSON and exit")
     return p  # fmt: skip
+
+
+def measured_service(items: list[str]) -> dict[str, float]:
+    """``VARIANT=SECONDS`` strings into a dict; a malformed one or a time that is not a positive
+    number of seconds is a UserError."""
+    out: dict[str, float] = {}
+    for key, value in parse_assignments(items).items():
+        try:
+            secs = float(value)
+        except ValueError:
+            secs = float("nan")
+        if not 0.0 < secs < float("inf"):
+            raise UserError(f"--measured-service {key}= must be a positive number of seconds, got {value!r}")
+        out[key] = secs
+    return out
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -85,8 +103,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     if args.baseline_sample is not None and not 0.0 <= args.baseline_sample <= 1.0:
         raise UserError(f"--baseline-sample must be between 0 and 1, got {args.baseline_sample:g}")
+    measured = measured_service(args.measured)
     if args.upstream:
-        return _front(args)
+        return _front(args, measured)
     if not args.scenario:
         raise UserError("give --scenario NAME (start llama-servers) or --upstream URL --slots N (front running ones)")
     cfg = scenario_config(args.scenario, apply_lever=args.apply_lever, overrides=parse_assignments(args.assignments))
@@ -108,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         app = create_gateway_app(
             [s.url for s in servers], cfg.parallel, spans_dir=args.spans_out,
             slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample,
+            measured_service_s=measured,
         )  # fmt: skip
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     finally:
@@ -116,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _front(args: argparse.Namespace) -> int:
+def _front(args: argparse.Namespace, measured: dict[str, float]) -> int:
     import uvicorn
 
     from stagescope.service.llama_cpp.gateway import create_gateway_app
@@ -129,7 +149,8 @@ def _front(args: argparse.Namespace) -> int:
         if not u.startswith(("http://", "https://")):
             raise UserError(f"--upstream must be an http(s) URL, got {u!r}")
     app = create_gateway_app(args.upstream, args.slots, spans_dir=args.spans_out,
-                             slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample)  # fmt: skip
+                             slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample,
+                             measured_service_s=measured)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 

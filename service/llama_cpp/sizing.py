@@ -13,13 +13,16 @@ next. Each fault is sized by the quantity that makes it:
   ``n`` streams decoding together (DECODE_PROBE_SHARES of the slots), the median gap fitted as
   ``a + b n``; the arrival rate keeps DECODE_LOAD_SHARE of the slots decoding (Little's law with that
   step) and the inter-token threshold is ITL_SLO_OVER_STEP x the fitted step with half the slots decoding:
-  the running-batch cap the analysis chooses (where its fit is half the threshold) then leaves half
-  the threshold for the scatter, and the full run's gaps pass it (:func:`decode_load`);
+  the full run's gaps, at 3/4 of the slots and more, pass it, and the running-batch cap the analysis
+  chooses (the largest whose fitted step plus scatter stays within 80 % of the threshold) lies below
+  half the slots (:func:`decode_load`);
 * a slot fault (true stage ``queue``): one request's service time with every slot of the server busy;
   the arrival rate is SLOTS_OVERLOAD x those slots' capacity, and the TTFT threshold
   TTFT_SLO_OVER_SERVICE x that service time (:func:`slot_load`). The lever's servers are timed the
-  same way, so the message says what capacity the scale-out has here (on a 2-core machine the second
-  server only helps while a core is free for it).
+  same way, in alternating rounds, so the message says what capacity the scale-out has here (on a
+  2-core machine the second server only helps while a core is free for it), and both times go to the
+  gateway (``measured_service.*`` overrides, :data:`MEASURED_PREFIX`), which exports them for the
+  analysis' scale-out model.
 
 Times are llama.cpp's own (``timings.prompt_ms``, ``timings.predicted_ms``), on servers with the
 scenario's settings, one thread each, after a warm-up request. Scenarios without such a fault (healthy)
@@ -49,8 +52,10 @@ __all__ = [
     "DECODE_PROBE_SHARES",
     "ITL_SLO_OVER_STEP",
     "LONG_PROMPT_OVER_SLO",
+    "MEASURED_PREFIX",
     "PROBE_TOKENS",
     "SLOTS_OVERLOAD",
+    "SLOT_PROBE_ROUNDS",
     "TTFT_SLO_OVER_SERVICE",
     "decode_load",
     "sizing",
@@ -72,8 +77,8 @@ DECODE_PROBE_SHARES = (0.25, 0.5, 1.0)
 DECODE_PROBE_TOKENS = 64
 #: The decode fault's load keeps this share of the slots decoding on average.
 DECODE_LOAD_SHARE = 0.75
-#: The inter-token threshold over the fitted step with half the slots decoding: the analysis caps the
-#: batch where its fit is half the threshold (about half the slots), so half is left for the scatter.
+#: The inter-token threshold over the fitted step with half the slots decoding: twice the step there, so
+#: the analysis' cap (fitted step plus scatter within 80 % of the threshold) is reachable below it.
 #: (The probe's p95 gap moved 19-40 ms with the machine's other load; its median step 15-20 ms.)
 #: (The scenario's SLO is a p95: at p99 the gateway path's scatter in a run, 40 ms at 10 slots here,
 #: took more than half of any threshold the 16-slot run breached.)
@@ -82,6 +87,14 @@ ITL_SLO_OVER_STEP = 2.0
 SLOTS_OVERLOAD = 1.5
 #: The slot fault's TTFT threshold over one request's service time (every slot busy).
 TTFT_SLO_OVER_SERVICE = 2.0
+#: Rounds of the slot probe, alternating between the scenario's servers and the lever's; the medians
+#: count. The machine's other load moves within a minute: one round of each once gave the lever's
+#: servers 1.76x the time per request, and the lever run a minute later held its slots 0.91x as long.
+SLOT_PROBE_ROUNDS = 3
+#: An override so named is a measurement the gateway exports (serve ``--measured-service``), not an engine
+#: setting: ``measured_service.<variant>`` = one request's service time in s with every slot busy, as
+#: served (``serving``) and with the lever's servers (``scale-out``), for the analysis' scale-out model.
+MEASURED_PREFIX = "measured_service."
 
 _PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
                 "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
@@ -198,9 +211,9 @@ def decode_load(
     """``(arrival rate /s, inter-token threshold ms)`` for a decode fault on ``slots`` slots, from the
     median gap with ``n`` streams decoding (``points``: ``(n, ms)``). The rate keeps ``L = DECODE_LOAD_SHARE x slots`` streams decoding (Little's law,
     ``L = rate x (prompt_ms + max_tokens x step(L))``, the step fitted as ``a + b n``). The threshold is
-    ITL_SLO_OVER_STEP x the fitted step at half the slots: the analysis caps the running batch where its
-    step fit is half the threshold (about half the slots), which leaves the other half for the scatter,
-    while the full run's gaps, at 3/4 of the slots and more, pass it. A step that does not grow with
+    ITL_SLO_OVER_STEP x the fitted step at half the slots: the full run's gaps, at 3/4 of the slots and
+    more, pass it, and the analysis' cap (fitted step plus scatter within 80 % of the threshold) lies
+    below half the slots. A step that does not grow with
     the streams (the fit's slope at or below 0) cannot make this fault: a UserError says so."""
     a, b = step_fit(points)
     if b <= 0:
@@ -284,34 +297,49 @@ def slot_load(service_s: float, *, slots: int) -> tuple[float, float]:
     return SLOTS_OVERLOAD * slots / service_s, TTFT_SLO_OVER_SERVICE * service_s * 1000.0
 
 
-def _service_s(cfg: Any, sc: Scenario) -> float:
+def _busy_round(urls: list[str], slots: int, sc: Scenario, key: int) -> float:
     """One request's service time (s, llama.cpp's prompt + generation time, the median request) with
-    every slot of ``cfg``'s servers busy with scenario ``sc``'s requests at once."""
+    every one of ``slots`` slots of the servers at ``urls`` busy with scenario ``sc``'s requests at once."""
     w = sc.workload
-    with _probe_servers(cfg) as urls:
-        for u in urls:
-            _timings(u, _probe_text(w.prompt_tokens, 0), 4)
-        jobs = [(u, _probe_text(w.prompt_tokens, i * cfg.parallel + k), w.max_tokens)
-                for i, u in enumerate(urls) for k in range(cfg.parallel)]  # fmt: skip
-        got = _together(jobs)
+    jobs = [(u, _probe_text(w.prompt_tokens, key + i * slots + k), w.max_tokens)
+            for i, u in enumerate(urls) for k in range(slots)]  # fmt: skip
+    got = _together(jobs)
     return statistics.median(float(t["prompt_ms"]) + float(t["predicted_ms"]) for t in got) / 1000.0
+
+
+def _service_s(cfg: Any, lever: Any, sc: Scenario) -> tuple[float, float]:
+    """``(as served, with the lever)``: one request's service time (s) with every slot busy, on servers
+    with ``cfg``'s and with ``lever``'s settings, the median of SLOT_PROBE_ROUNDS rounds that alternate
+    between the two (all servers start first and idle between rounds), so a change in the machine's
+    other load between them moves both alike."""
+    w = sc.workload
+    with _probe_servers(cfg) as now, _probe_servers(lever) as new:
+        for u in (*now, *new):
+            _timings(u, _probe_text(w.prompt_tokens, 0), 4)
+        a, b = [], []
+        for r in range(SLOT_PROBE_ROUNDS):
+            a.append(_busy_round(now, cfg.parallel, sc, 100 * r + 1))
+            b.append(_busy_round(new, lever.parallel, sc, 100 * r + 51))
+    return statistics.median(a), statistics.median(b)
 
 
 def _size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
     cfg = _config(sc)
-    service = _service_s(cfg, sc)
+    lever = _config(sc, apply_lever=True)
+    service, lever_service = _service_s(cfg, lever, sc)
     rate, ttft = slot_load(service, slots=cfg.parallel * cfg.replicas)
     rate, ttft = round(rate, 1), float(max(10, round(ttft, -1)))
-    lever = _config(sc, apply_lever=True)
-    lever_service = _service_s(lever, sc)
     lever_cap = lever.parallel * lever.replicas / lever_service
     spec = f"{sc.slo.sli}:p{sc.slo.objective * 100:g}<{ttft:g}ms"
-    return {"scenario.rate_rps": rate, "scenario.slo_spec": spec}, (
+    measured = {f"{MEASURED_PREFIX}{N.VARIANT_SERVING}": round(service, 4),
+                f"{MEASURED_PREFIX}{sc.lever}": round(lever_service, 4)}  # fmt: skip
+    return {"scenario.rate_rps": rate, "scenario.slo_spec": spec, **measured}, (
         f"slot load sized to this machine now: a request takes {service * 1000:.0f} ms with all "
         f"{cfg.parallel * cfg.replicas} slots busy, so {rate:g} requests/s ({SLOTS_OVERLOAD:g} x their capacity) "
         f"and SLO {spec} ({TTFT_SLO_OVER_SERVICE:g} x that time); the lever's {lever.replicas} servers took "
         f"{lever_service * 1000:.0f} ms each with all {lever.parallel * lever.replicas} slots busy: "
-        f"{lever_cap:.2f} requests/s, {rate / lever_cap:.0%} busy at that rate; the same in the lever check"
+        f"{lever_cap:.2f} requests/s, {rate / lever_cap:.0%} busy at that rate; the same in the lever check, and "
+        "both times go to the scale-out model (exported by the gateway)"
     )
 
 

@@ -1,0 +1,154 @@
+"""The lever models the llama.cpp lever check measures: the slot replay for scale-out, the measured
+speed of the added servers, the running-batch cap of reduce-batch-tokens and llama.cpp's slot-ordered
+chunked prefill; and the gateway and serve plumbing that carries the measured speed (no llama-server
+needed: the analysis runs on synthetic incidents, the gateway on its app object)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from stagescope import names as N
+from stagescope.analysis import llm_levers as L
+from stagescope.analysis import quality as QL
+from stagescope.analysis import queueing as Q
+from stagescope.analysis import synth_multi as M
+from stagescope.analysis import synth_scenarios as S
+from stagescope.analysis.api import analyze
+from stagescope.errors import UserError
+from stagescope.slo import parse_slo
+
+
+def test_replay_waits_is_first_come_first_served_over_c_servers() -> None:
+    # one server: each waits for the ones before it
+    assert Q.replay_waits([0.0, 0.0, 0.0], [10.0, 10.0, 10.0], 1) == [0.0, 10.0, 20.0]
+    # two servers: the third takes the first free one
+    assert Q.replay_waits([0.0, 0.0, 0.0, 5.0], [10.0, 4.0, 10.0, 1.0], 2) == [0.0, 0.0, 4.0, 5.0]
+    # arrivals after the servers are free never wait
+    assert Q.replay_waits([0.0, 100.0], [10.0, 10.0], 1) == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        Q.replay_waits([0.0], [1.0], 0)
+
+
+def _metrics_con(rows: list[tuple[str, dict[str, str], float]]) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE metric_samples (metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT)")
+    for i, (metric, labels, value) in enumerate(rows):
+        con.execute("INSERT INTO metric_samples VALUES (?, MAP(?, ?), ?, ?)",
+                    [metric, list(labels), list(labels.values()), value, i])  # fmt: skip
+    return con
+
+
+def test_service_ratio_reads_the_latest_measurement_of_both_variants() -> None:
+    con = _metrics_con([
+        (N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.VARIANT_SERVING}, 1.0),
+        (N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT}, 3.0),
+        (N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT}, 1.5),  # the later scrape wins
+    ])  # fmt: skip
+    assert QL.service_ratio(con, N.LEVER_SCALE_OUT) == pytest.approx((1.5, 1000.0, 1500.0))
+    only = _metrics_con([(N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.VARIANT_SERVING}, 1.0)])
+    assert QL.service_ratio(only, N.LEVER_SCALE_OUT) is None
+    zero = _metrics_con([(N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.VARIANT_SERVING}, 0.0),
+                         (N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT}, 1.0)])  # fmt: skip
+    assert QL.service_ratio(zero, N.LEVER_SCALE_OUT) is None
+    assert QL.service_ratio(duckdb.connect(), N.LEVER_SCALE_OUT) is None  # no metrics at all
+
+
+def test_slot_ordered_fill_is_known_by_llama_cpp_metrics() -> None:
+    assert L.slot_ordered_fill(_metrics_con([(N.LLAMACPP_DECODE_CALLS, {N.LABEL_REPLICA: "0"}, 3.0)]))
+    assert not L.slot_ordered_fill(_metrics_con([("vllm:num_requests_running", {}, 3.0)]))
+    assert not L.slot_ordered_fill(duckdb.connect())
+
+
+def _lever(rep: dict, lever: str) -> dict:  # type: ignore[type-arg]
+    return next(x for x in rep["levers"] if x["lever"] == lever)
+
+
+def test_chunked_prefill_on_a_slot_ordered_engine_keeps_the_later_slots_waiting() -> None:
+    """The same incident predicted with the fair chunk model and, where llama.cpp's metrics say the
+    engine fills its steps slot by slot, with half the waiting prompts still behind the long one: the
+    prediction cannot be lower, and its line says why."""
+    data = S.generate("llm-long-prompts", 2000, seed=5)
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    slo = parse_slo(data.scenario.slo)[0]
+    fair = _lever(analyze(con, slo), N.LEVER_CHUNKED_PREFILL)
+    data.metrics.append((N.LLAMACPP_DECODE_CALLS, {N.LABEL_REPLICA: "0"}, 100.0, 1))
+    con = duckdb.connect()
+    S.to_tables(con, data)
+    rep = analyze(con, slo)
+    assert rep["verdict"]["lever"] == N.LEVER_CHUNKED_PREFILL
+    ordered = _lever(rep, N.LEVER_CHUNKED_PREFILL)
+    assert ordered["predicted_p99_ms"] >= fair["predicted_p99_ms"]
+    assert "slot by slot" in ordered["rationale"] and "slot by slot" not in fair["rationale"]
+    assert rep["quantile_ms"] >= ordered["predicted_p99_ms"]  # never worse than doing nothing
+
+
+def test_the_running_cap_is_the_largest_whose_prediction_keeps_headroom() -> None:
+    for seed in (1, 2):
+        data = S.generate("llm-decode-heavy", 1200, seed=seed)
+        con = duckdb.connect()
+        S.to_tables(con, data)
+        rep = analyze(con, data.scenario.slo)
+        lv = _lever(rep, N.LEVER_REDUCE_BATCH_TOKENS)
+        thr = rep["slo"]["threshold_ms"]
+        assert lv["predicted_p99_ms"] <= L.CAP_HEADROOM * thr + 1e-6
+        cap = rep["evidence"]["running_cap"]
+        ev = rep["evidence"]
+        # one stream more would already predict past the headroom: the fitted step alone says so, or
+        # the scatter does (the prediction is the step plus a non-negative scatter)
+        step = ev["batch_intercept_ms"] + ev["batch_slope_ms"] * cap
+        assert step <= L.CAP_HEADROOM * thr + 1e-6
+        assert f"capped at {cap} streams" in lv["rationale"]
+
+
+def test_slot_scale_out_is_used_only_where_the_replay_reproduces_the_queue() -> None:
+    """A synthetic multi-cause incident whose queue is not made by its streams' slot times: replayed
+    with today's slots it would not wait, so the steady-state queue model answers (its line), and a
+    measured speed of the added servers still scales the executor time."""
+    inc = M.generate_multi("llm-seed-001", 3000, seed=3)
+    slo = parse_slo(inc.data.scenario.slo)[0]
+    con = duckdb.connect()
+    S.to_tables(con, inc.data)
+    base = _lever(analyze(con, slo), N.LEVER_SCALE_OUT)
+    assert "Allen-Cunneen" in base["rationale"] and "replayed" not in base["rationale"]
+    inc.data.metrics.append((N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.VARIANT_SERVING}, 1.0, 1))
+    inc.data.metrics.append((N.METRIC_EXECUTOR_SERVICE, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT}, 1.3, 1))
+    con = duckdb.connect()
+    S.to_tables(con, inc.data)
+    slower = _lever(analyze(con, slo), N.LEVER_SCALE_OUT)
+    assert "x1.30 as the service measured" in slower["rationale"]
+    assert slower["predicted_p99_ms"] >= base["predicted_p99_ms"]
+
+
+def test_gateway_exports_the_measured_service_times() -> None:
+    from stagescope.service.llama_cpp.gateway import create_gateway_app
+
+    reg = CollectorRegistry()
+    create_gateway_app(["http://127.0.0.1:9"], 2, registry=reg,
+                       measured_service_s={N.VARIANT_SERVING: 1.25, N.LEVER_SCALE_OUT: 2.5})  # fmt: skip
+    text = generate_latest(reg).decode()
+    assert f'{N.METRIC_EXECUTOR_SERVICE}{{variant="{N.VARIANT_SERVING}"}} 1.25' in text
+    assert f'{N.METRIC_EXECUTOR_SERVICE}{{variant="{N.LEVER_SCALE_OUT}"}} 2.5' in text
+    quiet = CollectorRegistry()
+    create_gateway_app(["http://127.0.0.1:9"], 2, registry=quiet)
+    assert N.METRIC_EXECUTOR_SERVICE not in generate_latest(quiet).decode()
+
+
+def test_measured_service_overrides_become_gateway_options_and_bad_ones_are_one_line() -> None:
+    from stagescope.service.llama_cpp import engine
+    from stagescope.service.llama_cpp.scenarios import get_scenario
+    from stagescope.service.llama_cpp.serve import main, measured_service
+
+    cmd = engine.serve_command(get_scenario("llama-slots-busy"), port=1, spans_dir=Path("spans"), apply_lever=True,
+                               overrides={f"{engine.MEASURED_PREFIX}serving": 1.3, "parallel": 2})  # fmt: skip
+    assert cmd[cmd.index("--measured-service") + 1] == "serving=1.3"
+    assert cmd[cmd.index("--set") + 1] == "parallel=2"
+    assert measured_service(["serving=1.5", "scale-out=2"]) == {"serving": 1.5, "scale-out": 2.0}
+    for bad in (["serving=x"], ["serving=0"], ["serving=-1"], ["serving=inf"], ["=1"], ["serving"]):
+        with pytest.raises(UserError):
+            measured_service(bad)
+    assert main(["--scenario", "llama-slots-busy", "--measured-service", "serving=nope", "--print-config"]) == 2
