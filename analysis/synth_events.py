@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from stagescope import names as N
-from stagescope.analysis.synth_scenarios import PREDICT, Scenario, SynthData
+from stagescope.analysis.synth_multi import _layout  # stage spans one after another
+from stagescope.analysis.synth_scenarios import PREDICT, Scenario, SynthData, _ids, _ln
 
 __all__ = ["EVENT_INCIDENTS", "EventIncident", "generate_event_incident"]
 
@@ -69,33 +70,6 @@ class EventIncident:
         p = Path(path)
         p.write_text("".join(json.dumps(e) + "\n" for e in self.event_lines), encoding="utf-8")
         return p
-
-
-def _ln(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
-    return median * np.exp(rng.normal(0.0, sigma, n))
-
-
-def _ids(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    hi = rng.integers(1, 2**63, n, dtype=np.int64)
-    lo = rng.integers(1, 2**63, n, dtype=np.int64)
-    trace = np.array([f"{a:016x}{b:016x}" for a, b in zip(hi, lo, strict=True)])
-    return trace, np.array([t[:16] for t in trace])
-
-
-def _layout(trace: np.ndarray, start_ns: np.ndarray, durs: list[tuple[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Stage spans one after another from each request's start (ms durations; 0: no span)."""
-    off = np.zeros(len(trace))
-    tids, names, starts, ends = [], [], [], []
-    for st, d in durs:
-        keep = d > 0
-        s = start_ns[keep] + (off[keep] * 1e6).astype(np.int64)
-        tids.append(trace[keep])
-        names.append(np.full(int(keep.sum()), st))
-        starts.append(s)
-        ends.append(s + (d[keep] * 1e6).astype(np.int64))
-        off = off + d
-    return {"trace_id": np.concatenate(tids), "stage": np.concatenate(names),
-            "start_unix_ns": np.concatenate(starts), "end_unix_ns": np.concatenate(ends)}  # fmt: skip
 
 
 def _ksm(
