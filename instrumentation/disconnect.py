@@ -52,7 +52,8 @@ _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
 
 def may_watch_at_start(headers: Any) -> bool:
     """True when a request has no body to read (no ``content-length`` > 0, no ``transfer-encoding``,
-    no ``expect``): its only message can be read ahead without changing what the server does."""
+    no ``expect``): its only message can be read ahead without changing what the server does. (The
+    middleware applies this rule in its own single pass over the headers.)"""
     for k, v in headers or ():
         if (
             k == b"transfer-encoding"
@@ -79,27 +80,27 @@ class _Sweeper:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._watches: dict[int, ClientWatch] = {}  # insertion order = start order
+        self._watches: dict[ClientWatch, None] = {}  # insertion order = start order (identity keys)
         self._handle: asyncio.TimerHandle | None = None
 
     def add(self, watch: ClientWatch) -> None:
-        self._watches[id(watch)] = watch
+        self._watches[watch] = None
         if self._handle is None:
             self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
 
     def discard(self, watch: ClientWatch) -> None:
-        self._watches.pop(id(watch), None)
+        self._watches.pop(watch, None)
 
     def _tick(self) -> None:
         self._handle = None
         now = self._loop.time()
         watches = self._watches
         while watches:
-            key, watch = next(iter(watches.items()))
+            watch = next(iter(watches))
             if watch.started + WATCH_AFTER_S > now:
                 self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
                 return
-            del watches[key]
+            del watches[watch]
             try:
                 watch._arm()
             except Exception:  # never let one request's watch break the others'

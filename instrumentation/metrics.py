@@ -56,6 +56,9 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from stagescope import names
+from stagescope.instrumentation.promfast import Observer as _Observer
+from stagescope.instrumentation.promfast import bisect_left as _bisect_left
+from stagescope.instrumentation.promfast import value_inc as _value_inc
 from stagescope.instrumentation.record import RequestRecord
 
 __all__ = [
@@ -262,11 +265,14 @@ class StageMetrics:
         self.models: frozenset[str] | None = configured
         self.max_routes = max_routes
         self._i = _instruments_for(self.registry, self.buckets)
+        #: inflight + amount: the gauge's value's own ``inc`` when prometheus-client exposes it (what
+        #: ``Gauge.inc`` and ``Gauge.dec`` call after their checks), else the gauge's ``inc``
+        self._inflight_add: Callable[[float], None] = _value_inc(self._i.inflight)
         self._folded: dict[str | None, str] = {None: NO_MODEL}
         self._routes: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._req_children: dict[tuple[str, str, int | None], Any] = {}  # (route, model, status code)
-        self._stage_children: dict[tuple[str, str, str], Any] = {}
+        self._req_children: dict[tuple[str, str, int | None], _Observer] = {}  # (route, model, status)
+        self._stage_children: dict[tuple[str, str, str], _Observer] = {}
         self._released = False
 
     # -- label folding --------------------------------------------------------------------------
@@ -298,13 +304,16 @@ class StageMetrics:
         key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = metric.labels(*labels)
+            if isinstance(metric, Histogram):
+                child = _Observer(child)
+            self._children[key] = child
         return child
 
     # -- per request ----------------------------------------------------------------------------
     def request_started(self) -> None:
         """A request entered the server (inflight + 1)."""
-        self._i.inflight.inc()
+        self._inflight_add(1)
 
     def request_finished(self, record: RequestRecord, trace_id: str | None = None) -> None:
         """Inflight - 1 and publish everything measured on ``record`` (call once, after its end).
@@ -313,8 +322,11 @@ class StageMetrics:
         for traces that are kept, so an exemplar never points at a trace that was sampled out.
         """
         i = self._i
-        i.inflight.dec()
-        model = self.fold_model(record.model)
+        self._inflight_add(-1)
+        try:
+            model = self._folded[record.model]
+        except KeyError:
+            model = self.fold_model(record.model)
         ex = {"trace_id": trace_id} if trace_id else None
         end = record.end_ns
         start = record.start_ns
@@ -322,21 +334,35 @@ class StageMetrics:
         if route not in self._routes:
             route = self._route(route)
         code = record.status_code
+        # the request and stage observations are _Observer.observe written out (durations from integer
+        # nanoseconds are never NaN): this runs for every request
         if end is not None:
             key = (route, model, code)
-            child = self._req_children.get(key)
-            if child is None:
-                child = self._req_children[key] = i.request.labels(route, model, status_class(code))
-            child.observe((end - start) / 1e9, ex)
+            obs = self._req_children.get(key)
+            if obs is None:
+                obs = self._req_children[key] = _Observer(i.request.labels(route, model, status_class(code)))
+            v = (end - start) / 1e9
+            add_sum = obs._add_sum
+            if add_sum is None or ex is not None:
+                obs.child.observe(v, ex)
+            else:
+                add_sum(v)
+                obs._buckets[_bisect_left(obs._bounds, v)](1)
         if code == 429:
             self._child(i.shed, route, model).inc()
         stage_children = self._stage_children
         for iv in record.stages:
             skey = (iv.stage, iv.kind, model)
-            child = stage_children.get(skey)
-            if child is None:
-                child = stage_children[skey] = self._stage_child(iv.stage, iv.stage_kind, model)
-            child.observe((iv.end_ns - iv.start_ns) / 1e9, ex)
+            obs = stage_children.get(skey)
+            if obs is None:
+                obs = stage_children[skey] = self._stage_child(iv.stage, iv.stage_kind, model)
+            v = (iv.end_ns - iv.start_ns) / 1e9
+            add_sum = obs._add_sum
+            if add_sum is None or ex is not None:
+                obs.child.observe(v, ex)
+            else:
+                add_sum(v)
+                obs._buckets[_bisect_left(obs._bounds, v)](1)
         tokens = record.token_ns
         if not tokens and record.output_tokens is None and record.input_tokens is None:
             return  # not an LLM request
@@ -355,11 +381,11 @@ class StageMetrics:
             n = record.output_tokens if record.output_tokens and record.output_tokens >= 2 else len(tokens)
             self._child(i.tpot, model).observe((tokens[-1] - tokens[0]) / 1e9 / (n - 1), ex)
 
-    def _stage_child(self, stage: str, kind: str, model: str) -> Any:
+    def _stage_child(self, stage: str, kind: str, model: str) -> _Observer:
         child = self._i.stage.labels(stage, kind, model)
         if stage == names.STAGE_OVERFLOW:  # folded intervals are also counted (no cost for the others)
-            return _CountingChild(child, self._i.folded)
-        return child
+            return _Observer(_CountingChild(child, self._i.folded))  # no _add_sum: its observe runs
+        return _Observer(child)
 
     def request_shed(self, route: str, model: str | None = None) -> None:
         """Count a request shed outside the middleware's view (429s that pass through

@@ -40,16 +40,16 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry.trace import INVALID_SPAN, get_current_span
+from opentelemetry.trace import INVALID_SPAN, Span
 
-from stagescope.instrumentation.disconnect import (
-    ClientWatch,
-    is_disconnect_error,
-    log_client_closed,
-    may_watch_at_start,
+from stagescope.instrumentation.disconnect import ClientWatch, is_disconnect_error, log_client_closed
+from stagescope.instrumentation.otel_context import (
+    SPAN_KEY,
+    attach_request_context,
+    current_context,
+    detach_request_context,
+    join_live_span,
 )
-from stagescope.instrumentation.otel_context import join_live_span, request_context
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
@@ -180,15 +180,15 @@ class StagescopeMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            rec = self._open(scope)
-            watch = ClientWatch(receive, rec, body_done=may_watch_at_start(scope.get("headers")))
+            rec, no_body, otel_current = self._open(scope)
+            watch = ClientWatch(receive, rec, body_done=no_body)
         except Exception:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
             return
         token = _current.set(rec)
         # our own span is the request span: make its ids the current OpenTelemetry context
-        otel_token = request_context(rec) if rec.live_span is None else None
+        otel_token = attach_request_context(rec, otel_current) if rec.live_span is None else None
         finish = self._finish
         # a live request span (another instrumentation's) ends inside the last send, so the record is
         # finished (and the span annotated) just before that chunk is handed over.
@@ -229,7 +229,7 @@ class StagescopeMiddleware:
             raise
         finally:
             if otel_token is not None:
-                otel_context.detach(otel_token)  # type: ignore[arg-type]
+                detach_request_context(otel_token)
             _current.reset(token)
             watch.stop()
             if rec.end_ns is None:  # the app returned without finishing its response
@@ -252,7 +252,10 @@ class StagescopeMiddleware:
 
         return lifespan_send
 
-    def _open(self, scope: Scope) -> TracedRecord:
+    def _open(self, scope: Scope) -> tuple[TracedRecord, bool, Any]:
+        """The request's record, whether the request has no body to read (``ClientWatch``'s
+        ``body_done``: :func:`~stagescope.instrumentation.disconnect.may_watch_at_start`'s rule, read in
+        the same pass over the headers) and the OpenTelemetry Context current on arrival."""
         state = self.state
         route = state.resolver.resolve(scope)
         rec = TracedRecord(method=scope.get("method", ""), route=route or UNMATCHED_ROUTE)
@@ -267,14 +270,24 @@ class StagescopeMiddleware:
         rec.caller = None
         header = None
         seen = False
+        no_body = True
         caller_state = b""
         for k, v in scope.get("headers") or ():
-            if k == b"traceparent" and not seen:
-                header, seen = parse_traceparent(v), True
+            if k == b"traceparent":
+                if not seen:
+                    header, seen = parse_traceparent(v), True
             elif k == b"tracestate":  # W3C: several tracestate headers are one comma-joined list
                 caller_state = caller_state + b"," + v if caller_state else v
-        live = get_current_span()
-        ctx = None if live is INVALID_SPAN else live.get_span_context()
+            elif k == b"content-length":
+                if v.strip() not in (b"", b"0"):
+                    no_body = False
+            elif k == b"transfer-encoding" or k == b"expect":
+                no_body = False
+        current = current_context()
+        live = current.get(SPAN_KEY)  # opentelemetry.trace.get_current_span(), from the same read
+        ctx = None
+        if live is not None and live is not INVALID_SPAN and isinstance(live, Span):
+            ctx = live.get_span_context()
         if ctx is not None and ctx.is_valid and not ctx.is_remote:
             if join_live_span(rec, live, ctx, header, state.destination):
                 if state.mode == "otel-fastapi":  # its tracer provider's sampler decided (and set th)
@@ -300,7 +313,7 @@ class StagescopeMiddleware:
             state.metrics.request_started()
         except Exception:
             state.warn_once("StageMetrics.request_started")
-        return rec
+        return rec, no_body, current
 
     def _finish(self, rec: TracedRecord) -> None:
         end = rec.end_ns = now_ns()
@@ -314,7 +327,7 @@ class StagescopeMiddleware:
                 caller = rec.caller
                 reason, threshold = state.policy.keep(
                     rec.trace_id, rec.parent_sampled, end - rec.start_ns, failed,
-                    caller.rv if caller is not None else None, rec.route,
+                    caller.rv if caller is not None else None, rec.route, end,
                 )  # fmt: skip
                 if reason is not None:
                     rec.trace_state = state.policy.tracestate(

@@ -30,6 +30,8 @@ request keeps its trace, so a user who routes their spans there
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -45,7 +47,11 @@ if TYPE_CHECKING:
     from stagescope.instrumentation.tracing import TracedRecord
 
 __all__ = [
+    "SPAN_KEY",
     "RequestBoundSpanProcessor",
+    "attach_request_context",
+    "current_context",
+    "detach_request_context",
     "global_sdk_provider",
     "is_otel_server_middleware",
     "join_live_span",
@@ -55,10 +61,34 @@ __all__ = [
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _attach = otel_context.attach
-_get_current = otel_context.get_current
 _Context = otel_context.Context
 #: the context key trace.set_span_in_context uses, learnt through the public API once
 (_SPAN_KEY,) = trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context()).keys()
+SPAN_KEY: str = _SPAN_KEY
+
+
+def _runtime_context_var() -> ContextVar[otel_context.Context] | None:
+    """The ContextVar that holds OpenTelemetry's current Context when the runtime context is the API's
+    default one (``ContextVarsRuntimeContext``, whose ``attach``/``get_current``/``detach`` are that
+    variable's ``set``/``get``/``reset``); None for any other (``OTEL_PYTHON_CONTEXT``), which is then
+    only reached through the public functions."""
+    try:
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    except ImportError:  # pragma: no cover - every opentelemetry-api 1.x has it
+        return None
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(var, ContextVar):
+        return var
+    return None
+
+
+_VAR = _runtime_context_var()
+#: The current OpenTelemetry Context: ``opentelemetry.context.get_current()``, as one C call (the
+#: variable's ``get``) under the default runtime context. Per request, the middleware reads it once
+#: to see whether another instrumentation's span is current and to build the request's context.
+current_context: Callable[[], otel_context.Context] = _VAR.get if _VAR is not None else otel_context.get_current
+_set = _VAR.set if _VAR is not None else None
 
 #: Classes whose instances open a SERVER span per request (module, name), as FastAPI itself tells
 #: opentelemetry-instrumentation-asgi's middleware apart (fastapi/telemetry/_asgi.py ``_legacy_otel``).
@@ -103,11 +133,30 @@ class _RequestSpan(NonRecordingSpan):
         return ctx
 
 
-def request_context(rec: TracedRecord) -> object:
+def attach_request_context(rec: TracedRecord, current: otel_context.Context) -> object:
     """Attach a context whose current span is the request's (a NonRecordingSpan; the other values of
-    the current context are kept); returns the token for ``opentelemetry.context.detach``. Under a
-    microsecond on an idle core (benchmarks/overhead.py prints it)."""
-    return _attach(_Context({**_get_current(), _SPAN_KEY: _RequestSpan(rec)}))
+    ``current``, the Context current now, are kept), as ``opentelemetry.context.attach`` does; returns
+    the token for :func:`detach_request_context`. Under a microsecond on an idle core
+    (benchmarks/overhead.py prints it)."""
+    ctx = _Context({**current, _SPAN_KEY: _RequestSpan(rec)}) if current else _Context({_SPAN_KEY: _RequestSpan(rec)})
+    return _set(ctx) if _set is not None else _attach(ctx)
+
+
+def detach_request_context(token: object) -> None:
+    """``opentelemetry.context.detach(token)``: the variable's ``reset`` under the default runtime
+    context; a token that cannot be reset goes to the public ``detach``, which logs the failure."""
+    if _VAR is not None:
+        try:
+            _VAR.reset(token)  # type: ignore[arg-type]
+            return
+        except Exception:  # the public detach below logs it
+            pass
+    otel_context.detach(token)  # type: ignore[arg-type]
+
+
+def request_context(rec: TracedRecord) -> object:
+    """:func:`attach_request_context` with the Context current now."""
+    return attach_request_context(rec, current_context())
 
 
 def join_live_span(

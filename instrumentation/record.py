@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from stagescope.instrumentation import stagenames as _stagenames
 from stagescope.instrumentation.stagenames import resolve_stage
 from stagescope.names import KIND_UNKNOWN, STAGE_KINDS
 
@@ -183,7 +184,9 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     __slots__ = ("_record", "_start", "kind", "name")
 
     def __init__(self, name: str, kind: str | None = None) -> None:
-        self.name, self.kind = resolve_stage(name, kind)
+        registry = _stagenames._NAMES  # resolve_stage's cache read here: a stage() per block is common
+        got = registry._cache.get((name, kind)) if registry is not None else None
+        self.name, self.kind = got if got is not None else resolve_stage(name, kind)
         self._record: RequestRecord | None = None
         self._start = 0
 

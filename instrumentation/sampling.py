@@ -117,12 +117,16 @@ class RouteFloor:
     ``1 / p`` is its Horvitz-Thompson weight; a busy route keeps ``ratio`` (at 1 %, from 200 requests
     a second up). (A reservoir, "the first N a second", would not say with what probability.)"""
 
-    __slots__ = ("_cache", "_state", "per_s", "ratio")
+    __slots__ = ("_busy", "_busy_t", "_cache", "_state", "per_s", "ratio")
 
     def __init__(self, per_s: float, ratio: float) -> None:
         self.per_s, self.ratio = per_s, ratio
         self._state: dict[str, list[int]] = {}  # route -> [second, count in it, count in the one before]
         self._cache: dict[int, int] = {}  # max(prev, k) -> threshold
+        # past this count per_s / count is below ratio, so the probability is ratio itself (a busy
+        # route): its threshold without a look-up (the margin keeps float rounding out of it)
+        self._busy = per_s / ratio * (1 + 1e-9) if ratio > 0 else math.inf
+        self._busy_t = probability_to_threshold(ratio)
 
     def threshold(self, route: str, now_s: int) -> int:
         """The rejection threshold for the next head decision on ``route`` at monotonic second ``now_s``."""
@@ -134,8 +138,10 @@ class RouteFloor:
         if st[0] != now_s:
             st[2] = st[1] if now_s == st[0] + 1 else 0
             st[0], st[1] = now_s, 0
-        st[1] += 1
-        d = max(st[2], st[1])
+        k = st[1] = st[1] + 1
+        d = st[2] if st[2] > k else k
+        if d > self._busy:
+            return self._busy_t
         t = self._cache.get(d)
         if t is None:
             t = probability_to_threshold(max(self.ratio, min(1.0, self.per_s / d)))
@@ -174,10 +180,18 @@ class SamplingPolicy:
     _threshold: int = field(init=False, repr=False, compare=False)
     _baseline_ts: str | None = field(init=False, repr=False, compare=False)
     _floor: RouteFloor | None = field(init=False, repr=False, compare=False)
+    #: ``head`` taken apart once, for :meth:`keep` (called per request): always_off exactly, a
+    #: parent-based sampler, and the root sampler's name
+    _off: bool = field(init=False, repr=False, compare=False)
+    _parent_based: bool = field(init=False, repr=False, compare=False)
+    _root: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         t = probability_to_threshold(self.ratio)
         object.__setattr__(self, "_threshold", t)
+        object.__setattr__(self, "_off", self.head == "always_off")
+        object.__setattr__(self, "_parent_based", self.head.startswith("parentbased_"))
+        object.__setattr__(self, "_root", self.head.removeprefix("parentbased_"))
         floor = None
         if self.min_per_s and self.head == "traceidratio" and self.ratio < 1.0:
             floor = RouteFloor(self.min_per_s, self.ratio)
@@ -281,24 +295,30 @@ class SamplingPolicy:
         failed: bool,
         rv: int | None = None,
         route: str = "",
+        now_ns: int | None = None,
     ) -> tuple[str | None, int | None]:
         """:meth:`decide`'s reason and the rejection threshold the head ratio used (None where no
-        ratio decided: the caller's flag, always_on/off, the tail rules), for :meth:`tracestate`."""
-        if self.head == "always_off":
+        ratio decided: the caller's flag, always_on/off, the tail rules), for :meth:`tracestate`.
+        ``now_ns``: the time of the decision on a monotonic clock in nanoseconds (the middleware passes
+        the request's end, ``time.perf_counter_ns()``, the same clock as ``time.monotonic_ns()`` on
+        Linux and macOS); it places the decision in its second for the route floor (default: now)."""
+        if self._off:
             return None, None
         if failed:
             return REASON_ERROR, None
-        if self.slow_ns is not None and duration_ns >= self.slow_ns:
+        slow_ns = self.slow_ns
+        if slow_ns is not None and duration_ns >= slow_ns:
             return REASON_SLOW, None
-        if self.head.startswith("parentbased_") and parent_sampled is not None:
+        if self._parent_based and parent_sampled is not None:
             return (REASON_BASELINE if parent_sampled else None), None  # the caller decided
-        root = self.head.removeprefix("parentbased_")
+        root = self._root
         if root != "traceidratio":
             return (REASON_BASELINE if root == "always_on" else None), None
-        if self._floor is None:
+        floor = self._floor
+        if floor is None:
             t = self._threshold
         else:
-            t = self._floor.threshold(route, time.monotonic_ns() // 1_000_000_000)
+            t = floor.threshold(route, (time.monotonic_ns() if now_ns is None else now_ns) // 1_000_000_000)
         r = rv if rv is not None else trace_id & _MASK56
         return (REASON_BASELINE, t) if r >= t else (None, None)
 

@@ -223,3 +223,63 @@ def test_dead_workers_live_gauges_are_reaped_and_totals_kept(tmp_path) -> None: 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"counter_{dead_pid}.db", f"histogram_{dead_pid}.db", f"gauge_livesum_{os.getpid()}.db"]
     )
+
+
+def test_fast_observations_match_prometheus_client_observe() -> None:
+    """StageMetrics observes the request and stage histograms without Histogram.observe's per-call
+    checks (metrics._Observer): the exposition must be what Histogram.observe gives for the same values,
+    edge values (a bucket bound itself, 0, +Inf, NaN, negative) included."""
+    from prometheus_client import Histogram, generate_latest
+
+    from stagescope.instrumentation.promfast import Observer as _Observer
+
+    rng = random.Random(5)
+    for family in (names.METRIC_REQUEST_DURATION, names.METRIC_STAGE_DURATION, names.METRIC_INTER_TOKEN):
+        bounds = names.DEFAULT_BUCKETS[family]
+        ref_reg, fast_reg = CollectorRegistry(), CollectorRegistry()
+        ref = Histogram("h", "h", ("a",), registry=ref_reg, buckets=bounds).labels("x")
+        fast = _Observer(Histogram("h", "h", ("a",), registry=fast_reg, buckets=bounds).labels("x"))
+        assert fast._add_sum is not None  # the fast path is the one under test
+        values = [*bounds[:-1], 0.0, -1.0, float("inf"), float("nan"), 1e9]
+        values += [rng.random() * 2 * bounds[-2] for _ in range(3000)]
+        values += [b * (1 + d) for b in bounds[:-1] for d in (-1e-12, 1e-12)]
+        for v in values:
+            ref.observe(v)
+            fast.observe(v)
+
+        def exposition(reg: CollectorRegistry) -> list[str]:
+            return [line for line in generate_latest(reg).decode().splitlines() if "_created" not in line]
+
+        assert exposition(fast_reg) == exposition(ref_reg), family
+
+    # and through request_finished, against the public observe on the same label children
+    reg, ref_reg = CollectorRegistry(), CollectorRegistry()
+    m = StageMetrics(reg, models=["ranker"])
+    ref_req = Histogram(
+        names.METRIC_REQUEST_DURATION, "d",
+        (names.LABEL_ROUTE, names.LABEL_MODEL, names.LABEL_STATUS_CLASS), registry=ref_reg,
+        buckets=names.DEFAULT_BUCKETS[names.METRIC_REQUEST_DURATION],
+    )  # fmt: skip
+    ref_stage = Histogram(
+        names.METRIC_STAGE_DURATION, "d", (names.LABEL_STAGE, names.LABEL_KIND, names.LABEL_MODEL),
+        registry=ref_reg, buckets=names.DEFAULT_BUCKETS[names.METRIC_STAGE_DURATION],
+    )  # fmt: skip
+    for _ in range(500):
+        end = rng.randrange(1, 3_000) * MS // rng.choice((1, 7, 1000))
+        rec = _record(end_ns=end, status_code=rng.choice((200, 404, 503)))
+        rec.stages.append(StageInterval("compute", 0, rng.randrange(0, end + 1)))
+        m.request_started()
+        m.request_finished(rec, TRACE_ID if rng.random() < 0.1 else None)
+        ref_req.labels("/v1/predict", "ranker", status_class(rec.status_code)).observe(end / 1e9)
+        iv = rec.stages[0]
+        ref_stage.labels("compute", iv.stage_kind, "ranker").observe((iv.end_ns - iv.start_ns) / 1e9)
+    for family, labels in (
+        (names.METRIC_REQUEST_DURATION, {"route": "/v1/predict", "model": "ranker", "status_class": "5xx"}),
+        (names.METRIC_STAGE_DURATION, {"stage": "compute", "kind": "compute", "model": "ranker"}),
+    ):
+        for le in (*names.DEFAULT_BUCKETS[family][:-1], float("inf")):
+            got = reg.get_sample_value(f"{family}_bucket", {**labels, "le": str(le) if le != float("inf") else "+Inf"})
+            want = ref_reg.get_sample_value(f"{family}_bucket", {**labels, "le": str(le) if le != float("inf") else "+Inf"})
+            assert got == want, (family, le)
+        assert reg.get_sample_value(f"{family}_sum", labels) == pytest.approx(ref_reg.get_sample_value(f"{family}_sum", labels))
+    assert reg.get_sample_value(names.METRIC_INFLIGHT) == 0

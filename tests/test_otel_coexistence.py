@@ -363,3 +363,37 @@ def _has_native_tracing() -> bool:
 
 def _no_native_tracing() -> dict[str, Any]:
     return {"telemetry": {"tracing": False}} if _has_native_tracing() else {}
+
+
+@pytest.mark.parametrize("through", ["context variable", "public api"])
+def test_request_context_attach_detach_both_ways(through: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request's context is attached through the default runtime context's variable, or through
+    opentelemetry.context's public functions when another runtime context is configured: either way
+    the current span has the record's ids while attached, values already current are kept, and detach
+    restores the context that was current."""
+    from opentelemetry import context as otel_context
+
+    from stagescope.instrumentation import otel_context as oc
+    from stagescope.instrumentation.tracing import TracedRecord
+
+    assert oc._VAR is not None  # this environment runs the default runtime context
+    if through == "public api":
+        monkeypatch.setattr(oc, "_VAR", None)
+        monkeypatch.setattr(oc, "_set", None)
+        monkeypatch.setattr(oc, "current_context", otel_context.get_current)
+    rec = TracedRecord()
+    rec.trace_id, rec.span_id = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
+    key = otel_context.create_key("user-value")
+    outer = otel_context.attach(otel_context.set_value(key, "kept"))
+    try:
+        before = otel_context.get_current()
+        token = oc.attach_request_context(rec, oc.current_context())
+        ctx = trace.get_current_span().get_span_context()
+        assert (ctx.trace_id, ctx.span_id, ctx.trace_flags.sampled, ctx.is_remote) == (
+            rec.trace_id, rec.span_id, True, False,
+        )  # fmt: skip
+        assert otel_context.get_value(key) == "kept"
+        oc.detach_request_context(token)
+        assert otel_context.get_current() is before
+    finally:
+        otel_context.detach(outer)

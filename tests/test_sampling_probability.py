@@ -253,3 +253,14 @@ def test_default_floor_keeps_a_baseline_on_a_quiet_route_with_truthful_th() -> N
     explicit = SamplingPolicy.resolve(baseline_sample=0.01, env={})
     assert explicit.min_per_s is None  # a ratio the user chose is that ratio
     assert SamplingPolicy.resolve(env={names.ENV_BASELINE_MIN_PER_S: "0"}).min_per_s == 0
+
+
+def test_route_floor_threshold_is_its_formula_for_every_count() -> None:
+    """RouteFloor answers a busy route (count past per_s / ratio) without its cache: for every count the
+    threshold is still probability_to_threshold(max(ratio, min(1, per_s / count)))."""
+    for per_s, ratio in ((2.0, 0.01), (3.0, 0.07), (0.5, 0.001), (7.0, 0.33), (2.0, 0.0)):
+        floor = RouteFloor(per_s, ratio)
+        for count in range(1, 12_000):
+            floor._state["/r"] = [5, count - 1, 0]  # the next decision is the count-th of second 5
+            want = probability_to_threshold(max(ratio, min(1.0, per_s / count)))
+            assert floor.threshold("/r", 5) == want, (per_s, ratio, count)
