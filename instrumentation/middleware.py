@@ -348,6 +348,8 @@ class StagescopeMiddleware:
                 _annotate_live_span(rec, state.builder)
             if reason is not None and state.pipeline is not None:
                 state.pipeline.submit(rec)
+            else:  # only a kept trace reads the scope (its HTTP attributes, in the span thread); see
+                rec.scope = None  # TracedRecord: a context copied in the last send keeps the record
         except Exception:
             state.warn_once("publishing the request record")
 

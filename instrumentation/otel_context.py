@@ -122,14 +122,16 @@ class _RequestSpan(NonRecordingSpan):
     record's ids, sampled) is built when something first asks for it, not on every request."""
 
     def __init__(self, rec: TracedRecord) -> None:  # no super().__init__: the context comes later
-        self._rec = rec
+        # the ids, not the record: a Context copied during the request (uvicorn's keep-alive timer,
+        # created in the last send, holds one for up to 5 s) then keeps two ints alive, not the record
+        self._trace_id = rec.trace_id
+        self._span_id = rec.span_id
         self._context: SpanContext | None = None  # type: ignore[assignment]
 
     def get_span_context(self) -> SpanContext:
         ctx = self._context
         if ctx is None:
-            rec = self._rec
-            ctx = self._context = SpanContext(rec.trace_id, rec.span_id, False, _SAMPLED)
+            ctx = self._context = SpanContext(self._trace_id, self._span_id, False, _SAMPLED)
         return ctx
 
 
