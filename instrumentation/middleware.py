@@ -53,6 +53,7 @@ from stagescope.instrumentation.otel_context import (
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
+from stagescope.instrumentation.serversend import send_outside, server_send_only
 from stagescope.instrumentation.tracestate import parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
@@ -170,7 +171,7 @@ class _Exchange(ClientWatch):
     the status; the last body chunk ends the record). One object per request rather than two closures
     and their six cells: what a request holds is fewer objects for the garbage collector to count."""
 
-    __slots__ = ("_finish", "_finish_first", "_send")
+    __slots__ = ("_finish", "_finish_first", "_otel_token", "_quiet", "_send", "_token")
 
     def __init__(
         self,
@@ -185,6 +186,9 @@ class _Exchange(ClientWatch):
         self._send = send
         self._finish = finish
         self._finish_first = finish_first
+        self._quiet = not finish_first and server_send_only(send)
+        self._token: Any = None  # of the record's context variable, and of the OpenTelemetry context
+        self._otel_token: Any = None
 
     def end(self, during: str = "before the answer was complete") -> None:
         rec = self.record
@@ -201,7 +205,12 @@ class _Exchange(ClientWatch):
                     self.end()
                     await self._send(message)
                     return
-                await self._send(message)
+                if self._quiet:  # only the server's code runs in it: out of the context its timer copies
+                    self._token, self._otel_token = await send_outside(
+                        self._send, message, self.record, self._token, self._otel_token
+                    )
+                else:
+                    await self._send(message)
                 self.end()
                 return
         elif mtype == "http.response.start":
@@ -232,9 +241,10 @@ class StagescopeMiddleware:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
             return
-        token = _current.set(rec)
+        exchange._token = _current.set(rec)
         # our own span is the request span: make its ids the current OpenTelemetry context
-        otel_token = attach_request_context(rec, otel_current) if rec.live_span is None else None
+        if rec.live_span is None:
+            exchange._otel_token = attach_request_context(rec, otel_current)
         try:
             await self.app(scope, exchange, exchange.send_wrapper)
         except BaseException as exc:
@@ -248,9 +258,9 @@ class StagescopeMiddleware:
                 self._finish(rec)
             raise
         finally:
-            if otel_token is not None:
-                detach_request_context(otel_token)
-            _current.reset(token)
+            if exchange._otel_token is not None:
+                detach_request_context(exchange._otel_token)
+            _current.reset(exchange._token)
             exchange.stop()
             if rec.end_ns is None:  # the app returned without finishing its response
                 exchange.end()

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SPAN_KEY",
     "RequestBoundSpanProcessor",
+    "attach_context",
     "attach_request_context",
     "current_context",
     "detach_request_context",
@@ -141,6 +142,11 @@ def attach_request_context(rec: TracedRecord, current: otel_context.Context) -> 
     the token for :func:`detach_request_context`. Under a microsecond on an idle core
     (benchmarks/overhead.py prints it)."""
     ctx = _Context({**current, _SPAN_KEY: _RequestSpan(rec)}) if current else _Context({_SPAN_KEY: _RequestSpan(rec)})
+    return _set(ctx) if _set is not None else _attach(ctx)
+
+
+def attach_context(ctx: otel_context.Context) -> object:
+    """``opentelemetry.context.attach(ctx)`` (the variable's ``set`` under the default runtime context)."""
     return _set(ctx) if _set is not None else _attach(ctx)
 
 

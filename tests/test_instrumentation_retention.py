@@ -97,3 +97,83 @@ def test_a_kept_request_keeps_its_scope_for_the_span_thread(tmp_path: Any) -> No
         assert rec.scope is scope  # its HTTP attributes are read from it when the span is built
     finally:
         handle.shutdown()
+
+
+def _serve_uvicorn(app: Any, requests: int) -> Any:
+    """``requests`` GETs of /item on one keep-alive connection to a real uvicorn server (in a thread);
+    returns the contexts of the timer handles in the server loop's heap after them."""
+    import http.client
+    import threading
+    import time
+
+    import uvicorn
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @app.get("/loop")
+    async def loop_of() -> dict[str, bool]:
+        loops.append(asyncio.get_running_loop())
+        return {"ok": True}
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("GET", "/loop")  # its keep-alive timer, first in the heap, keeps the rest there
+        idle.getresponse().read()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for _ in range(requests):
+            conn.request("GET", "/item")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200
+        time.sleep(0.1)
+        contexts = [h._context for h in list(loops[0]._scheduled) if getattr(h, "_context", None) is not None]
+        conn.close()
+        idle.close()
+        return contexts
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_uvicorns_keep_alive_timers_hold_no_request_record(tmp_path: Any) -> None:
+    app, handle = _app(spans_dir=tmp_path / "spans", baseline_sample=0.0, slow_threshold_ms=60_000)
+    try:
+        contexts = _serve_uvicorn(app, 20)
+        assert len(contexts) >= 20  # a keep-alive timer per response, cancelled ones included
+        assert all(ctx.get(_current) is None for ctx in contexts)
+        assert all(ctx.run(current_context).get(SPAN_KEY) is None for ctx in contexts)
+    finally:
+        handle.shutdown()
+
+
+def test_a_users_middleware_outside_still_sees_the_record_in_the_last_send(tmp_path: Any) -> None:
+    app, handle = _app(spans_dir=tmp_path / "spans", baseline_sample=0.0, slow_threshold_ms=60_000)
+    seen: list[Any] = []
+
+    class Outer:  # added after instrument_app: outside stagescope's middleware
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def wrapped(message: Any) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    seen.append((stagescope.current_request(), current_context().get(SPAN_KEY)))
+                await send(message)
+
+            await self.app(scope, receive, wrapped if scope["type"] == "http" else send)
+
+    app.add_middleware(Outer)
+    try:
+        _serve_uvicorn(app, 5)
+        item = [(rec, span) for rec, span in seen if rec is not None and rec.route == "/item"]
+        assert len(item) == 5
+        assert all(span.get_span_context().span_id == rec.span_id for rec, span in item)
+    finally:
+        handle.shutdown()
