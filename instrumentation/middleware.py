@@ -53,6 +53,7 @@ from stagescope.instrumentation.otel_context import (
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
+from stagescope.instrumentation.serversend import send_outside, server_send_only
 from stagescope.instrumentation.tracestate import parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
@@ -165,6 +166,58 @@ class MiddlewareState:
             )
 
 
+class _Exchange(ClientWatch):
+    """One request's ``receive`` (the :class:`ClientWatch`) and ``send`` (:meth:`send_wrapper`: reads
+    the status; the last body chunk ends the record). One object per request rather than two closures
+    and their six cells: what a request holds is fewer objects for the garbage collector to count."""
+
+    __slots__ = ("_finish", "_finish_first", "_otel_token", "_quiet", "_send", "_token")
+
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        rec: TracedRecord,
+        body_done: bool,
+        finish: Callable[[TracedRecord], None],
+        finish_first: bool,
+    ) -> None:
+        ClientWatch.__init__(self, receive, rec, body_done)
+        self._send = send
+        self._finish = finish
+        self._finish_first = finish_first
+        self._quiet = not finish_first and server_send_only(send)
+        self._token: Any = None  # of the record's context variable, and of the OpenTelemetry context
+        self._otel_token: Any = None
+
+    def end(self, during: str = "before the answer was complete") -> None:
+        rec = self.record
+        if self.closed:
+            rec.status_code = STATUS_CODE_CLIENT_CLOSED
+            log_client_closed(rec.method, rec.route, during)
+        self._finish(rec)
+
+    async def send_wrapper(self, message: Message) -> None:
+        mtype = message["type"]
+        if mtype == "http.response.body":
+            if not message.get("more_body", False) and self.record.end_ns is None:
+                if self._finish_first:
+                    self.end()
+                    await self._send(message)
+                    return
+                if self._quiet:  # only the server's code runs in it: out of the context its timer copies
+                    self._token, self._otel_token = await send_outside(
+                        self._send, message, self.record, self._token, self._otel_token
+                    )
+                else:
+                    await self._send(message)
+                self.end()
+                return
+        elif mtype == "http.response.start":
+            self.record.status_code = message["status"]
+        await self._send(message)
+
+
 class StagescopeMiddleware:
     """Pure-ASGI middleware: one :class:`TracedRecord` per HTTP request (see the module docstring)."""
 
@@ -181,59 +234,36 @@ class StagescopeMiddleware:
             return
         try:
             rec, no_body, otel_current = self._open(scope)
-            watch = ClientWatch(receive, rec, body_done=no_body)
+            # a live request span (another instrumentation's) ends inside the last send, so the record
+            # is finished (and the span annotated) just before that chunk is handed over.
+            exchange = _Exchange(receive, send, rec, no_body, self._finish, rec.live_span is not None)
         except Exception:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
             return
-        token = _current.set(rec)
+        exchange._token = _current.set(rec)
         # our own span is the request span: make its ids the current OpenTelemetry context
-        otel_token = attach_request_context(rec, otel_current) if rec.live_span is None else None
-        finish = self._finish
-        # a live request span (another instrumentation's) ends inside the last send, so the record is
-        # finished (and the span annotated) just before that chunk is handed over.
-        finish_first = rec.live_span is not None
-
-        def end(during: str = "before the answer was complete") -> None:
-            if watch.closed:
-                rec.status_code = STATUS_CODE_CLIENT_CLOSED
-                log_client_closed(rec.method, rec.route, during)
-            finish(rec)
-
-        async def send_wrapper(message: Message) -> None:
-            mtype = message["type"]
-            if mtype == "http.response.body":
-                if not message.get("more_body", False) and rec.end_ns is None:
-                    if finish_first:
-                        end()
-                        await send(message)
-                        return
-                    await send(message)
-                    end()
-                    return
-            elif mtype == "http.response.start":
-                rec.status_code = message["status"]
-            await send(message)
-
+        if rec.live_span is None:
+            exchange._otel_token = attach_request_context(rec, otel_current)
         try:
-            await self.app(scope, watch, send_wrapper)
+            await self.app(scope, exchange, exchange.send_wrapper)
         except BaseException as exc:
             if rec.end_ns is None:
-                if watch.closed and is_disconnect_error(exc):
-                    end("mid-request")
+                if exchange.closed and is_disconnect_error(exc):
+                    exchange.end("mid-request")
                     return  # nobody to answer: no 500, no traceback (the server closes the connection)
                 rec.error_type = type(exc).__qualname__
                 if rec.status_code is None:
                     rec.status_code = 500
-                finish(rec)
+                self._finish(rec)
             raise
         finally:
-            if otel_token is not None:
-                detach_request_context(otel_token)
-            _current.reset(token)
-            watch.stop()
+            if exchange._otel_token is not None:
+                detach_request_context(exchange._otel_token)
+            _current.reset(exchange._token)
+            exchange.stop()
             if rec.end_ns is None:  # the app returned without finishing its response
-                end()
+                exchange.end()
 
     def _lifespan_send(self, send: Send) -> Send:
         """``send`` of the lifespan scope: drain span export once the app's own shutdown is over."""
@@ -348,6 +378,8 @@ class StagescopeMiddleware:
                 _annotate_live_span(rec, state.builder)
             if reason is not None and state.pipeline is not None:
                 state.pipeline.submit(rec)
+            else:  # only a kept trace reads the scope (its HTTP attributes, in the span thread); see
+                rec.scope = None  # TracedRecord: a context copied in the last send keeps the record
         except Exception:
             state.warn_once("publishing the request record")
 

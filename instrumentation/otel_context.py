@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SPAN_KEY",
     "RequestBoundSpanProcessor",
+    "attach_context",
     "attach_request_context",
     "current_context",
     "detach_request_context",
@@ -122,14 +123,16 @@ class _RequestSpan(NonRecordingSpan):
     record's ids, sampled) is built when something first asks for it, not on every request."""
 
     def __init__(self, rec: TracedRecord) -> None:  # no super().__init__: the context comes later
-        self._rec = rec
+        # the ids, not the record: a Context copied during the request (uvicorn's keep-alive timer,
+        # created in the last send, holds one for up to 5 s) then keeps two ints alive, not the record
+        self._trace_id = rec.trace_id
+        self._span_id = rec.span_id
         self._context: SpanContext | None = None  # type: ignore[assignment]
 
     def get_span_context(self) -> SpanContext:
         ctx = self._context
         if ctx is None:
-            rec = self._rec
-            ctx = self._context = SpanContext(rec.trace_id, rec.span_id, False, _SAMPLED)
+            ctx = self._context = SpanContext(self._trace_id, self._span_id, False, _SAMPLED)
         return ctx
 
 
@@ -139,6 +142,11 @@ def attach_request_context(rec: TracedRecord, current: otel_context.Context) -> 
     the token for :func:`detach_request_context`. Under a microsecond on an idle core
     (benchmarks/overhead.py prints it)."""
     ctx = _Context({**current, _SPAN_KEY: _RequestSpan(rec)}) if current else _Context({_SPAN_KEY: _RequestSpan(rec)})
+    return _set(ctx) if _set is not None else _attach(ctx)
+
+
+def attach_context(ctx: otel_context.Context) -> object:
+    """``opentelemetry.context.attach(ctx)`` (the variable's ``set`` under the default runtime context)."""
     return _set(ctx) if _set is not None else _attach(ctx)
 
 

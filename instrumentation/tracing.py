@@ -90,7 +90,9 @@ class TracedRecord(RequestRecord):
     ``trace_id``/``span_id``: this request's trace and server span (ints); ``parent_span_id``: the
     caller's span from ``traceparent`` (0 when none); ``parent_sampled``: the caller's sampled flag
     (``None`` without ``traceparent``); ``scope``: the ASGI scope (HTTP attributes are read from it
-    only if the trace is kept); ``route_matched``: a route template matched. When another
+    only if the trace is kept; set to None when the request ends and its trace is not kept, so that a
+    context copied during the request, as uvicorn's keep-alive timer holds one, does not keep the
+    scope and all the app put in it alive); ``route_matched``: a route template matched. When another
     instrumentation's span is the request span (see :mod:`stagescope.instrumentation.otel_context`):
     ``live_span`` is it (until its attributes are set), ``live_sampled`` its sampled flag, and
     ``emit_server`` says whether stagescope still writes a server span with its identity;

@@ -1,0 +1,100 @@
+"""Whether the ``send`` a middleware was given runs only the server's own code (no one else's).
+
+uvicorn arms its keep-alive timer (``loop.call_later``) inside the response's last ``send``, so the
+timer handle holds a copy of the request's context; cancelled when the next request arrives, it stays
+in the loop's heap until asyncio purges cancelled handles (about 100 requests later at 16 connections).
+A request record current in that copy stays alive that long: counted by the garbage collector,
+promoted through its generations, and so the cause of most of the collections a traced service makes
+(measured in the README's Cost section). The middleware takes its record and OpenTelemetry context
+out of the current context for that one call, but only when nothing but the server and Starlette's
+own pass-through runs inside it: no middleware of the user's, no span that could end there, nobody to
+ask for ``current_request()``. Any other ``send`` keeps today's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from types import CodeType
+from typing import Any
+
+from stagescope.instrumentation.otel_context import attach_context, current_context, detach_request_context
+from stagescope.instrumentation.record import _current
+
+__all__ = ["send_outside", "server_send_only"]
+
+#: (file name suffix, function qualname) of sends that run the server's code only.
+_SERVER_SENDS = (
+    ("uvicorn/protocols/http/h11_impl.py", "RequestResponseCycle.send"),
+    ("uvicorn/protocols/http/httptools_impl.py", "RequestResponseCycle.send"),
+)
+#: Pass-through wrappers (code that only notes the message and awaits the ``send`` it closes over).
+_PASS_THROUGH = (("starlette/middleware/errors.py", "ServerErrorMiddleware.__call__.<locals>._send"),)
+
+# code object -> "server" | index of the wrapped send in the closure | None (anything else)
+_kinds: dict[CodeType, Any] = {}
+
+
+def _kind(code: CodeType) -> Any:
+    try:
+        return _kinds[code]
+    except KeyError:
+        pass
+    name = code.co_filename.replace("\\", "/")
+    kind: Any = None
+    if any(name.endswith(f) and code.co_qualname == q for f, q in _SERVER_SENDS):
+        kind = "server"
+    elif "send" in code.co_freevars and any(
+        name.endswith(f) and code.co_qualname == q for f, q in _PASS_THROUGH
+    ):
+        kind = code.co_freevars.index("send")
+    if len(_kinds) < 256:
+        _kinds[code] = kind
+    return kind
+
+
+def server_send_only(send: Any, depth: int = 4) -> bool:
+    """True when ``send`` is the server's (uvicorn's) own, reached through at most ``depth`` of
+    Starlette's pass-through wrappers; False for anything else (and for anything unexpected)."""
+    for _ in range(depth):
+        func = getattr(send, "__func__", send)  # a bound method: its function
+        code = getattr(func, "__code__", None)
+        if code is None:
+            return False
+        kind = _kind(code)
+        if kind == "server":
+            return True
+        if kind is None:
+            return False
+        try:
+            send = func.__closure__[kind].cell_contents
+        except (TypeError, IndexError, ValueError):
+            return False
+    return False
+
+
+async def send_outside(
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    message: MutableMapping[str, Any],
+    rec: Any,
+    token: Any,
+    otel_token: Any,
+) -> tuple[Any, Any]:
+    """``await send(message)`` with the record's context variable (``token``) and the request's
+    OpenTelemetry context (``otel_token``, or None) reset, set again after it; returns the new tokens.
+    In another task than the request's (a streamed body sent from a task group, where the tokens do
+    not apply) the send runs as is."""
+    try:
+        _current.reset(token)
+    except (ValueError, RuntimeError):
+        await send(message)
+        return token, otel_token
+    ctx = current_context() if otel_token is not None else None
+    if ctx is not None:
+        detach_request_context(otel_token)
+    try:
+        await send(message)
+    finally:
+        token = _current.set(rec)
+        if ctx is not None:
+            otel_token = attach_context(ctx)
+    return token, otel_token
