@@ -290,7 +290,7 @@ def run_all(
                 "ok"):  # fmt: skip
         table.add_column(col)
     rows: list[dict[str, Any]] = []
-    mismatches = 0
+    wrong_cause = slo_missed = 0
     for name, sc in scenarios.items():
         sized = _sizing(engine, name)
         res = _run(name, out / name, duration_s=duration_s, apply_lever=False, port=port, label=name,
@@ -298,6 +298,7 @@ def run_all(
         v = res.report.get("verdict") or {}
         found_stage, found_lever = v.get("stage"), v.get("lever")
         ok = (found_stage, found_lever) == (sc.true_stage, sc.lever) and res.report["breached"] == sc.breach
+        wrong_cause += not ok
         slo = (res.report.get("slo") or {}).get("spec") or sc.slo_spec  # as sized to the machine
         row: dict[str, Any] = {
             "scenario": name, "true_stage": sc.true_stage, "true_lever": sc.lever, "found_stage": found_stage,
@@ -314,9 +315,9 @@ def run_all(
             row["prediction_error"] = check["prediction_error"]
             row["judgement"] = check["judgement"]
             row["judged"] = _judged(check)
+            slo_missed += not check["within_slo_after"]
             ok = ok and bool(check["within_slo_after"])
             row["ok"] = ok
-        mismatches += not ok
         rows.append(row)
         table.add_row(
             name, sc.true_stage or "-", sc.lever or "-", found_stage or "-", found_lever or "-", slo,
@@ -327,7 +328,9 @@ def run_all(
         )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     out_console.print(table)
-    if mismatches:
-        print(f"stagescope demo: {mismatches} scenario(s) did not match their true cause", file=sys.stderr)
-        return 1
-    return 0
+    if wrong_cause:
+        print(f"stagescope demo: {wrong_cause} scenario(s) did not match their true cause", file=sys.stderr)
+    if slo_missed:
+        print(f"stagescope demo: {slo_missed} lever check(s) left the SLO breached (cause found, lever applied)",
+              file=sys.stderr)  # fmt: skip
+    return 1 if wrong_cause or slo_missed else 0
