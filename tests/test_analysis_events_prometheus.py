@@ -11,14 +11,11 @@ analysis.events derives the event. Names and labels as kube-state-metrics' docs 
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from prometheus_support import backfilled_prometheus
 
 from stagescope import names as N
 from stagescope.analysis.events import derived_events
@@ -67,47 +64,10 @@ def _openmetrics() -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "in.om").write_text(_openmetrics())
-    data = tmp_path / "data"
-    subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(data)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-         "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.2)
+    with backfilled_prometheus(tmp_path, _openmetrics()) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_rollout_and_pending_pod_from_a_live_prometheus(prometheus: str) -> None:

@@ -8,14 +8,11 @@ Triton helper turns the counters into per-request means. Skipped where prometheu
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from prometheus_support import backfilled_prometheus
 
 from stagescope import names as N
 from stagescope.analysis.ingest import load_dataset
@@ -51,43 +48,10 @@ def _openmetrics() -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[str]:
-    (tmp_path / "in.om").write_text(_openmetrics())
-    data = tmp_path / "data"
-    subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(data)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-         "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.2)
+    with backfilled_prometheus(tmp_path, _openmetrics()) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_range_queries_against_real_prometheus(prometheus: str) -> None:

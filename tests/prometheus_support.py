@@ -1,0 +1,53 @@
+"""A real Prometheus (Debian's) serving a TSDB backfilled by promtool from OpenMetrics text, for the
+tests that query a live server: bound to 127.0.0.1 on a free port, stopped on exit."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from service_support import free_port
+
+
+@contextmanager
+def backfilled_prometheus(tmp_path: Path, openmetrics: str) -> Iterator[str]:
+    """Backfill ``openmetrics`` (ending in ``# EOF``) into a TSDB under ``tmp_path``, start Prometheus on
+    it with a 100-year retention and no scrape targets, and yield its URL once ``/-/ready`` answers."""
+    (tmp_path / "in.om").write_text(openmetrics)
+    data = tmp_path / "data"
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(data)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
+         "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail("prometheus did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
