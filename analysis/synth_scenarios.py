@@ -209,12 +209,17 @@ SYNTH_VARIANTS = {
 }
 
 
-def _variant_metrics(data: SynthData, t0: int) -> None:
+def _variant_metrics(
+    data: SynthData, t0: int, variants: dict[str, tuple[dict[int, float], float]] | None = None,
+    eval_samples: float = 450.0,
+) -> None:
+    """The model variants' eval-set accuracy and measured batch seconds (per row count) as the service
+    exports them: ``variants`` (default SYNTH_VARIANTS) maps variant -> ({rows: seconds}, accuracy)."""
     ts = t0 // 10**6
-    for variant, (batch_s, acc) in SYNTH_VARIANTS.items():
+    for variant, (batch_s, acc) in (SYNTH_VARIANTS if variants is None else variants).items():
         labels = {N.LABEL_MODEL: "resnet", N.LABEL_VARIANT: variant}
         data.metrics.append((N.METRIC_MODEL_EVAL_ACCURACY, labels, acc, ts))
-        data.metrics.append((N.METRIC_MODEL_EVAL_SAMPLES, labels, 450.0, ts))
+        data.metrics.append((N.METRIC_MODEL_EVAL_SAMPLES, labels, eval_samples, ts))
         for rows, sec in batch_s.items():
             data.metrics.append((N.METRIC_MODEL_VARIANT_BATCH, {**labels, N.LABEL_ROWS: str(rows)}, sec, ts))
 

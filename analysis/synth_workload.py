@@ -270,13 +270,7 @@ def _large_model(sc: S.Scenario, rng: np.random.Generator, n: int, t0: int, dur_
     req["client_duration_ms"] = req["client_duration_ms"] + (large - old)
     req["escalated"] = escalated
     req["batch_size"] = np.ones(n)  # one request per model call (the measured times at 1 row are per request)
-    ts = t0 // 10**6
-    for variant, (batch_s, acc) in LARGE_VARIANTS.items():
-        labels = {N.LABEL_MODEL: "resnet", N.LABEL_VARIANT: variant}
-        data.metrics.append((N.METRIC_MODEL_EVAL_ACCURACY, labels, acc, ts))
-        data.metrics.append((N.METRIC_MODEL_EVAL_SAMPLES, labels, 2000.0, ts))
-        for rows, sec in batch_s.items():
-            data.metrics.append((N.METRIC_MODEL_VARIANT_BATCH, {**labels, N.LABEL_ROWS: str(rows)}, sec, ts))
+    S._variant_metrics(data, t0, LARGE_VARIANTS, eval_samples=2000.0)
     slo = dataclasses.replace(parse_slo(sc.slo)[0], quality_budget=WORKLOAD[sc.name][1])
     parts = {"rest": req["duration_ms"] - large, "small": small, "large": large, "escalated": escalated}
     return WorkloadIncident(data, slo, parts)
