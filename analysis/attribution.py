@@ -38,11 +38,12 @@ from typing import Any
 
 import duckdb
 
+from stagescope.analysis.batch_fit import BATCH_FIT, batch_fit_sql, step_fit
 from stagescope.analysis.breach import SLIView
 from stagescope.analysis.breakdown import BREAKDOWN, REQUEST_ATTRIBUTES, build_breakdown, stage_columns
 from stagescope.analysis.kinds import stage_catalog
 from stagescope.analysis.queueing import uniform_rank_sql
-from stagescope.analysis.weighting import mean_sql, stratum_weights, weighted_quantile_sql
+from stagescope.analysis.weighting import mean_sql, stratum_weights
 from stagescope.names import (
     KIND_DECODE,
     KIND_NETWORK,
@@ -53,7 +54,8 @@ from stagescope.names import (
 )
 
 __all__ = [
-    "BREAKDOWN", "REQUEST_ATTRIBUTES", "Attribution", "attribute", "build_breakdown", "stage_columns", "step_fit",
+    "BATCH_FIT", "BREAKDOWN", "REQUEST_ATTRIBUTES", "SAMPLE_FACTS", "Attribution", "attribute", "build_breakdown",
+    "stage_columns", "step_fit",
 ]  # fmt: skip
 
 
@@ -106,40 +108,6 @@ class Attribution:
         return self.rows[0]["stage"] if self.rows and self.rows[0]["excess_ms"] > 0 else None
 
 
-#: Least-squares fit of each SLI sample on its request's batch size (for streams the running decode
-#: batch; NULL pairs are skipped): :func:`attribute` computes it in its pass over every sample, for
-#: the evidence.
-BATCH_FIT = {
-    "batch_slope_ms": "regr_slope(value_ms, batch_size)",
-    "batch_intercept_ms": "regr_intercept(value_ms, batch_size)",
-    "batch_r2": "regr_r2(value_ms, batch_size)",
-}
-#: Fewest gaps at one running batch size for its median to enter :func:`step_fit`.
-STEP_FIT_MIN_GAPS = 5
-
-
-def step_fit(con: duckdb.DuckDBPyConnection, src: str, weight: str | None = None) -> dict[str, float | None]:
-    """For gap samples: the decode step time as a line in the running batch, fitted to the *median* gap at
-    each running batch size (rounded to a whole stream; sizes with at least STEP_FIT_MIN_GAPS gaps),
-    each gap counted ``weight`` times where the gaps are weighted (sampled streams).
-
-    The median is the step a stream of that batch usually sees; the mean and a fit over every gap are
-    pulled by the rare long gaps (another slot's prompt in the step, a stall of the machine), which on a
-    real engine hide the batch's own cost (r² 0.2 for a step that is plainly linear in the batch). It
-    replaces :data:`BATCH_FIT`'s least-squares values for inter-token SLIs; r² is that of the medians."""
-    known = f"(SELECT * FROM {src} WHERE batch_size IS NOT NULL AND value_ms IS NOT NULL)"
-    medians = weighted_quantile_sql(known, "value_ms", 0.5, weight or "1.0", by="round(batch_size)")
-    row = con.execute(
-        f"""WITH n AS (SELECT round(batch_size) AS b, count(*) AS c FROM {known} GROUP BY 1),
-                 m AS (SELECT q.g AS b, q.value AS gap FROM ({medians}) q JOIN n ON n.b = q.g
-                       WHERE n.c >= {STEP_FIT_MIN_GAPS})
-            SELECT regr_slope(gap, b), regr_intercept(gap, b), regr_r2(gap, b), count(*) FROM m"""
-    ).fetchone()
-    if row is None or row[3] is None or row[3] < 3:
-        return {}
-    return {"batch_slope_ms": row[0], "batch_intercept_ms": row[1], "batch_r2": row[2]}
-
-
 #: Facts about the tail and baseline requests of a per-request SLI that :func:`attribute` gathers in
 #: the same pass, for the evidence (``{tail}`` and ``{base}``: the conditions).
 SAMPLE_FACTS = {
@@ -151,25 +119,6 @@ SAMPLE_FACTS = {
     "queue_depth_tail": ("queue_depth", "{tail}"),
     "queue_depth_baseline": ("queue_depth", "{base}"),
 }
-
-
-def _batch_fit(weighted: bool) -> dict[str, str]:
-    """SQL of :data:`BATCH_FIT` over the SLI table, each sample counted ``w`` times where the samples
-    are weighted (sampled traces)."""
-    if not weighted:
-        return dict(BATCH_FIT)
-    f = "FILTER (WHERE value_ms IS NOT NULL AND batch_size IS NOT NULL)"
-    sw, sx, sy = (f"sum({e}) {f}" for e in ("w", "w * batch_size", "w * value_ms"))
-    sxx, sxy, syy = (
-        f"sum({e}) {f}" for e in ("w * batch_size ^ 2", "w * batch_size * value_ms", "w * value_ms ^ 2")
-    )
-    cxy, cxx, cyy = (f"({a} - {b} * {c} / {sw})" for a, b, c in ((sxy, sx, sy), (sxx, sx, sx), (syy, sy, sy)))
-    slope = f"({cxy} / nullif({cxx}, 0))"
-    return {
-        "batch_slope_ms": slope,
-        "batch_intercept_ms": f"(({sy}) - {slope} * ({sx})) / nullif({sw}, 0)",
-        "batch_r2": f"{cxy} * {cxy} / nullif({cxx} * {cyy}, 0)",
-    }
 
 
 def _conditions(
@@ -228,7 +177,7 @@ def attribute(
         "tail_n": f"count(*) FILTER (WHERE {tail})", "base_n": f"count(*) FILTER (WHERE {base})",
         "tail_mean": mean_sql("value_ms", tail, wt), "base_mean": mean_sql("value_ms", base, wt),
         "tail_w": f"sum(w) FILTER (WHERE {tail})", "base_w": f"sum(w) FILTER (WHERE {base})",
-        **_batch_fit(view.weighted),
+        **batch_fit_sql(view.weighted),
     }  # fmt: skip
     if view.per_request:
         for k, fact in SAMPLE_FACTS.items():

@@ -39,7 +39,7 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis import engine_evidence, fleet_evidence, workload_rules
+from stagescope.analysis import engine_evidence, fleet_evidence, workload_evidence
 from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
 from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
@@ -151,7 +151,7 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     ev["quality_budget_points"] = view.slo.quality_budget
     ev.update(engine_evidence.gather(con, view, attr, ev))  # output lengths, the engines' own metrics
     ev.update(fleet_evidence.gather(con, view, attr, ev))  # autoscaler, KV-cache config, hits per replica
-    ev.update(workload_rules.gather(con, view, attr, ev))  # prefill interference, prompts, streams, cascade
+    ev.update(workload_evidence.gather(con, view, attr, ev))  # prefill interference, prompts, streams, cascade
     return ev
 
 

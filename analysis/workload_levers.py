@@ -4,7 +4,7 @@ dispatches to :func:`prediction`, analysis.cost_levers to :func:`cost_effect`, a
 
 * ``separate-prefill-decode`` (inter-token gaps): on a decode pool no prompt shares a step, so a gap
   is what the gaps that overlapped no other request's prefill were: the predicted quantile is the SLO
-  quantile of those gaps (analysis.workload_rules.gap_overlaps). It assumes the decode pool keeps the
+  quantile of those gaps (analysis.workload_evidence.gap_overlaps). It assumes the decode pool keeps the
   running batch it has now (as many decode GPUs as today's engine) and leaves TTFT out: the KV-cache
   transfer from the prefill pool is paid before the first token, not between tokens.
 * ``chunked-prefill`` (inter-token gaps, a prompt run whole in one step): a gap that overlapped another
@@ -45,7 +45,7 @@ from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import has_columns, trace_ref
 from stagescope.analysis.llm_levers import CHUNK_TOKENS
 from stagescope.analysis.weighting import weighted_slope
-from stagescope.analysis.workload_rules import GAP_OVERLAP, gap_overlaps
+from stagescope.analysis.workload_evidence import GAP_OVERLAP, gap_overlaps
 
 __all__ = ["ADDS_TIME", "WORKLOAD_LEVERS", "cost_effect", "prediction", "setting"]
 

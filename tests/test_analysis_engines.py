@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from results_support import write_shared_prompt_run
 
 from stagescope import names as N
 from stagescope.analysis.api import analyze
@@ -197,27 +196,17 @@ def test_prefix_caching_off_on_shared_prompts(tmp_path: Path) -> None:
     """Long prefills of prompts the load generator sent again and again, prefix caching off
     (vllm:cache_config_info): prefix caching, before chunked prefill."""
     tl = _tl("prefill", seed=1)
-    spans = list(vllm_spans(tl))
-    roots = [s for s in spans if s.name == N.VLLM_SPAN_NAME]
-    long = {s.trace_id for s in roots if float(s.attributes[N.VLLM_ATTR_PREFILL]) > 0.5}
-    res = pa.table({
-        "request_id": pa.array(range(len(roots)), pa.int64()), "trace_id": [s.trace_id for s in roots],
-        "intended_unix_ns": [s.start_ns for s in roots], "status": pa.array([200] * len(roots), pa.int64()),
-        "latency_ms": [(s.end_ns - s.start_ns) / 1e6 for s in roots],
-        "input_hash": ["shared-doc" if s.trace_id in long else f"p{i}" for i, s in enumerate(roots)],
-    })  # fmt: skip
-    pq.write_table(res, tmp_path / "results.parquet")
+    traces, results = write_shared_prompt_run(tl, tmp_path)
     prom = tmp_path / "m.prom"
     prom.write_text(vllm_scrape(tl, prefix_caching=False))
-    write_otlp_lines(tmp_path / "spans.jsonl", spans)
-    ds = load_dataset(traces=[tmp_path / "spans.jsonl"], metrics=[prom], results=[tmp_path / "results.parquet"])
+    ds = load_dataset(traces=[traces], metrics=[prom], results=[results])
     rep = analyze(ds, "ttft:p95<500ms")
     assert rep["evidence"]["prefix_caching_enabled"] is False
     assert rep["verdict"] == {"stage": N.STAGE_PREFILL, "lever": N.LEVER_PREFIX_CACHING}
     ds.close()
     # the same traffic with the cache on and hitting: the prompts are long, not recomputed
     prom.write_text(vllm_scrape(tl, prefix_caching=True, prefix_hit_ratio=0.8))
-    ds = load_dataset(traces=[tmp_path / "spans.jsonl"], metrics=[prom], results=[tmp_path / "results.parquet"])
+    ds = load_dataset(traces=[traces], metrics=[prom], results=[results])
     rep = analyze(ds, "ttft:p95<500ms")
     assert rep["evidence"]["prefix_cache_hit_ratio"] == pytest.approx(0.8, abs=0.01)
     assert rep["verdict"] == {"stage": N.STAGE_PREFILL, "lever": N.LEVER_CHUNKED_PREFILL}

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from results_support import write_shared_prompt_run
 
 from stagescope import names as N
 from stagescope.analysis import synth_fleet as F
@@ -99,19 +98,9 @@ def test_prefix_models_read_the_load_generators_prompts_where_the_spans_carry_no
     """vLLM's spans carry no input hash: the repeats are the prompts the load generator sent again
     (results.parquet), as the evidence reads them; the long shared prompts then prefill like a hit."""
     tl = timelines(600, "prefill", seed=1)
-    spans = list(vllm_spans(tl))
-    roots = [s for s in spans if s.name == N.VLLM_SPAN_NAME]
-    long = {s.trace_id for s in roots if float(s.attributes[N.VLLM_ATTR_PREFILL]) > 0.5}
-    res = pa.table({
-        "request_id": pa.array(range(len(roots)), pa.int64()), "trace_id": [s.trace_id for s in roots],
-        "intended_unix_ns": [s.start_ns for s in roots], "status": pa.array([200] * len(roots), pa.int64()),
-        "latency_ms": [(s.end_ns - s.start_ns) / 1e6 for s in roots],
-        "input_hash": ["shared-doc" if s.trace_id in long else f"p{i}" for i, s in enumerate(roots)],
-    })  # fmt: skip
-    pq.write_table(res, tmp_path / "results.parquet")
+    traces, results = write_shared_prompt_run(tl, tmp_path)
     (tmp_path / "m.prom").write_text(vllm_scrape(tl, prefix_caching=False))
-    write_otlp_lines(tmp_path / "spans.jsonl", spans)
-    ds = load_dataset(traces=[tmp_path / "spans.jsonl"], metrics=[tmp_path / "m.prom"], results=[tmp_path / "results.parquet"])
+    ds = load_dataset(traces=[traces], metrics=[tmp_path / "m.prom"], results=[results])
     rep = analyze(ds, "ttft:p95<500ms")
     ds.close()
     (lv,) = rep["levers"]
