@@ -6,7 +6,8 @@ module's fixtures are built once, in one worker). A test is ``timing`` when what
 for depends on the wall clock or on the CPU it gets: a real service driven for N seconds, a latency
 or rate bound, a sleep, a readiness deadline. Two workers side by side would slow such a test down
 and make it flakier, so every test file not listed in :data:`PARALLEL_SAFE` is marked ``timing``:
-a new file runs alone until someone checks it and lists it here.
+a new file runs alone until someone checks it and lists it here. An entry ``file.py::test_name``
+lists one test function of a file whose other tests stay ``timing`` (all its parametrizations).
 
 The files listed compute on recorded or synthetic data (DuckDB, polars, promtool, the builders), and
 some start a Prometheus or a stdlib HTTP stub they wait for with deadlines of tens of seconds; none
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-#: test files whose tests run on the xdist workers (everything else is marked ``timing``)
+#: test files (or ``file::function``) whose tests run on the xdist workers (all else is ``timing``)
 PARALLEL_SAFE = frozenset(
     {
         "test_alerts_rules.py",
@@ -46,6 +47,10 @@ PARALLEL_SAFE = frozenset(
         "test_analysis_scenarios.py",
         "test_analysis_stage_kinds.py",
         "test_architecture.py",
+        # 17 bad values for every value option, run in-process; the analyze options' accepted values
+        # each run a whole analysis (CPU, 35-42 s per option on a loaded machine); the file's served
+        # rows and its "refused within 20 s" rows stay timing
+        "test_bad_inputs.py::test_generic_bad_values",
         "test_cli.py",
         "test_dashboards_build.py",
         "test_extras.py",
@@ -69,5 +74,6 @@ PARALLEL_SAFE = frozenset(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test outside :data:`PARALLEL_SAFE` ``timing`` (it runs alone under ``make test``)."""
     for item in items:
-        if item.path.name not in PARALLEL_SAFE:
+        function = getattr(item, "originalname", None) or item.name
+        if item.path.name not in PARALLEL_SAFE and f"{item.path.name}::{function}" not in PARALLEL_SAFE:
             item.add_marker(pytest.mark.timing)
