@@ -51,6 +51,7 @@ PARALLEL_SAFE = frozenset(
         # each run a whole analysis (CPU, 35-42 s per option on a loaded machine); the file's served
         # rows and its "refused within 20 s" rows stay timing
         "test_bad_inputs.py::test_generic_bad_values",
+        "test_bad_inputs.py::test_cli_row_through_the_executable",  # 17 executable starts, 60 s timeout each
         "test_cli.py",
         "test_dashboards_build.py",
         "test_engines.py",
