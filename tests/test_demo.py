@@ -84,13 +84,15 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One demo run stopped with Ctrl-C (SIGINT) once a few scrapes are written: its exit status,
+    """One demo run stopped with Ctrl-C (SIGINT) after 9 scrapes: its exit status,
     output and report, read before the second-run test below runs a demo into the same folder."""
     out = tmp_path_factory.mktemp("demo") / "int"
     proc = subprocess.Popen([*CLI, "--scenario", "healthy", "--duration", "60", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((out / "metrics").glob("scrape-0000[3-9].prom")):
+    # 9 scrapes (1 s apart): the load starts a little after the first ones, so this leaves seconds of
+    # traffic for the second-run test to tell apart (at the 4th scrape a quiet machine had 27 requests)
+    while time.monotonic() < deadline and len(list((out / "metrics").glob("scrape-*.prom"))) < 9:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
