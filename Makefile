@@ -23,8 +23,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# two invocations: the tests that compute on recorded or synthetic data on one xdist worker per core,
+# then the `timing` ones (services run for seconds, latency bounds, sleeps) one at a time, alone;
+# tests/conftest.py says which is which. Both run even when the first fails; the status is the worse.
+PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	rc=0; \
+	$(BIN)/pytest -q -m "not timing" -n $(PYTEST_WORKERS) --dist loadfile || rc=$$?; \
+	$(BIN)/pytest -q -m timing || rc=$$?; \
+	exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

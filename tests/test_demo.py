@@ -82,22 +82,34 @@ def test_port_in_use_is_one_line(tmp_path: Path) -> None:
     assert f"port {port} on 127.0.0.1 is already in use" in proc.stderr
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_the_service_and_keeps_what_was_recorded(tmp_path: Path) -> None:
-    out = tmp_path / "int"
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One demo run stopped with Ctrl-C (SIGINT) after 9 scrapes: its exit status,
+    output and report, read before the second-run test below runs a demo into the same folder."""
+    out = tmp_path_factory.mktemp("demo") / "int"
     proc = subprocess.Popen([*CLI, "--scenario", "healthy", "--duration", "60", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((out / "metrics").glob("scrape-0000[3-9].prom")):
+    # 9 scrapes (1 s apart): the load starts a little after the first ones, so this leaves seconds of
+    # traffic for the second-run test to tell apart (at the 4th scrape a quiet machine had 27 requests)
+    while time.monotonic() < deadline and len(list((out / "metrics").glob("scrape-*.prom"))) < 9:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr[-2000:]
-    assert "interrupted" in stderr
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
+    return {"out": out, "code": proc.returncode, "stdout": stdout, "stderr": stderr, "report": report,
+            "results": (out / "results.parquet").exists()}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_service_and_keeps_what_was_recorded(interrupted: dict[str, Any]) -> None:
+    assert interrupted["code"] == 130, interrupted["stderr"][-2000:]
+    assert "interrupted" in interrupted["stderr"]
+    report = interrupted["report"]
+    assert report is not None, interrupted["stderr"][-2000:]
     assert 0 < report["requests"] < 60 * SCENARIOS["healthy"].rate_rps
-    assert (out / "results.parquet").exists()
-    assert "SLO p99<300ms" in stdout
+    assert interrupted["results"]
+    assert "SLO p99<300ms" in interrupted["stdout"]
 
 
 def test_an_earlier_runs_recordings_are_moved_aside_not_mixed_in(tmp_path: Path) -> None:
@@ -124,17 +136,22 @@ def test_an_earlier_runs_recordings_are_moved_aside_not_mixed_in(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_second_demo_run_into_the_same_folder_analyses_only_its_own_traffic(tmp_path: Path) -> None:
-    out = tmp_path / "again"
-    for _ in range(2):
-        proc = _run("--scenario", "healthy", "--duration", "3", "--out", str(out))
-        assert proc.returncode == 0, proc.stderr[-2000:]
+def test_a_second_demo_run_into_the_same_folder_analyses_only_its_own_traffic(interrupted: dict[str, Any]) -> None:
+    """The Ctrl-C run above is the earlier run (its report and results were written, as a finished
+    run's are); a 3 s run into its folder analyses only its own requests and moves the earlier ones aside."""
+    out = interrupted["out"]
+    rate = SCENARIOS["healthy"].rate_rps
+    # at least 1 s of earlier traffic: mixed in, it would take the count past the bound below
+    assert interrupted["report"] is not None and interrupted["report"]["requests"] >= rate, interrupted["report"]
+    proc = _run("--scenario", "healthy", "--duration", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
-    # one run's worth of requests (about 3 s at the scenario's rate), not two
-    assert report["requests"] <= 3 * SCENARIOS["healthy"].rate_rps * 1.3
+    # one run's worth of requests (about 3 s at the scenario's rate), not the earlier run's too
+    assert report["requests"] <= 3 * rate * 1.3
     assert "the earlier run's recordings" in proc.stderr
     runs = list((out / "earlier-runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "report.json").exists()
+    assert json.loads((runs[0] / "report.json").read_text()) == interrupted["report"]
 
 
 def _lever_runs(tmp_path: Path) -> tuple[Any, dict[str, Any], Callable[[float, list[float | None] | None], Any]]:
