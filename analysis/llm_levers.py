@@ -20,8 +20,10 @@
   wait for its whole prefill;
 
 * ``scale-out`` of an LLM engine's slots (:func:`slot_scale_out`): the measured arrivals replayed
-  through twice the slots, each request holding one for its measured time (times the added servers'
-  measured speed where the service measured it).
+  through twice the slots, each request holding one for its measured time, at the speed the service
+  measured for the scaled-out servers at each occupancy of the machine where it measured that
+  (:func:`occupancy_table`, queueing.replay_shared), else times their measured speed with every slot
+  busy.
 
 Gaps of sampled streams count ``w`` times (the SLI view's weights), breakdown rows by the
 attribution's weights (analysis.weighting). analysis.counterfactual dispatches to these.
@@ -29,12 +31,14 @@ attribution's weights (analysis.weighting). analysis.counterfactual dispatches t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
 
 from stagescope import names as N
 from stagescope.analysis import intervals as I
+from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
 from stagescope.analysis.breach import SLIView, sql_str
@@ -51,6 +55,8 @@ __all__ = [
     "batch_cap",
     "chunked_prefill",
     "gap_prediction",
+    "occupancy_slowdown",
+    "occupancy_table",
     "slot_ordered_fill",
     "slot_scale_out",
 ]
@@ -253,6 +259,41 @@ def batch_cap(
     )
 
 
+def occupancy_table(con: duckdb.DuckDBPyConnection, lever: str) -> dict[tuple[int, int], float]:
+    """``{(own, others): ms}``: one request's time holding a slot of ``lever``'s servers with ``own``
+    busy slots on its server and ``others`` on the other servers, as the service measured it
+    (``stagescope_executor_occupancy_service_seconds``, the latest scrape of each); {} without it."""
+    try:
+        rows = con.execute(
+            """SELECT labels[?], labels[?], arg_max(value, coalesce(ts_ms, 0)) FROM metric_samples
+                WHERE metric = ? AND labels[?] = ? AND value IS NOT NULL GROUP BY 1, 2""",
+            [N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS, N.METRIC_EXECUTOR_OCCUPANCY, N.LABEL_VARIANT, lever],
+        ).fetchall()
+    except duckdb.Error:
+        return {}
+    out: dict[tuple[int, int], float] = {}
+    for own, others, v in rows:
+        if str(own).isdigit() and str(others).isdigit() and v is not None and 0 < float(v) < float("inf"):
+            out[(int(own), int(others))] = float(v) * 1000.0
+    return out
+
+
+def occupancy_slowdown(table: dict[tuple[int, int], float], served_ms: float) -> Callable[[int, int], float]:
+    """``slowdown(own, others)``: ``table``'s time at that occupancy over ``served_ms`` (the time the
+    run's slot holds were measured at: every slot of today's servers busy); an occupancy not measured
+    takes the nearest measured one with as many busy slots on its own server, else the nearest."""
+    if not table or served_ms <= 0:
+        raise ValueError("an occupancy slowdown needs a measured table and a positive served time")
+
+    def slowdown(own: int, others: int) -> float:
+        same = [k for k in table if k[0] == own]
+        key = (own, others) if (own, others) in table else min(
+            same or table, key=lambda k: (abs(k[1] - others) + abs(k[0] - own), k))  # fmt: skip
+        return table[key] / served_ms
+
+    return slowdown
+
+
 def slot_scale_out(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, *, executors: int, ratio: float,
     to_executors: int | None = None,
@@ -287,7 +328,16 @@ def slot_scale_out(
     hold = [float(h) for _, _, h in rows]
     c2 = to_executors or 2 * executors
     now = Q.replay_waits(arr, hold, executors)
-    after = Q.replay_waits(arr, [h * ratio for h in hold], c2)
+    # the scaled-out servers' measured speed at each occupancy, relative to the speed the holds were
+    # measured at (every slot of today's servers busy): where the service measured both
+    table, served = occupancy_table(con, N.LEVER_SCALE_OUT), QL.service_ratio(con, N.LEVER_SCALE_OUT)
+    served_ms = served[1] if served is not None else 0.0
+    shared = bool(table) and served_ms > 0 and c2 % executors == 0 and max(k[0] for k in table) == executors
+    if shared:
+        slow = occupancy_slowdown(table, served_ms)
+        after = Q.replay_shared(arr, hold, replicas=c2 // executors, slots=executors, slowdown=slow)
+    else:
+        after = Q.replay_waits(arr, [h * ratio for h in hold], c2)
     q = view.slo.quantile
     con.register("ss_replay_src", pa.table({"ref": [r for r, _, _ in rows], "t0": [t for _, t, _ in rows],
                                             "now_ms": now, "wait_ms": after}))  # fmt: skip
@@ -308,8 +358,13 @@ def slot_scale_out(
     pred = _q(con, src, f"value_ms - {col} + replay_wait", q, attr)
     seen = f"; replayed with today's {executors} the queue's p{q * 100:g} is {replayed:,.0f} ms (measured {measured:,.0f} ms)"
     held = sum(hold) / len(hold)
+    if shared:
+        occ = ", ".join(f"{o}+{x} busy x{ms / served_ms:.2f}" for (o, x), ms in sorted(table.items()))
+        speed = f", at the measured speed of its server's occupancy: {occ} (own + other servers' busy slots)"
+    else:
+        speed = "" if ratio == 1.0 else f", x{ratio:.2f}"
     return pred, (
         f"executors {executors} -> {c2}: the {len(rows)} arrivals replayed first come, first served "
         f"through {c2} executors, each request holding one for its measured time (mean "
-        f"{held:,.0f} ms{'' if ratio == 1.0 else f', x{ratio:.2f}'}){seen}"
+        f"{held:,.0f} ms{speed}){seen}"
     )
