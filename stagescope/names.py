@@ -595,6 +595,7 @@ ATTR_LLAMACPP_PREDICTED_MS: Final = "llamacpp.timings.predicted_ms"  # ms genera
 # (prefill stage minus prompt_ms): waiting for room in the engine's batch behind other prompts
 ATTR_LLAMACPP_PROMPT_WAIT_MS: Final = "llamacpp.prompt_wait_ms"
 ATTR_REPLICA: Final = "stagescope.replica"  # which engine replica served the request
+HEADER_REPLICA: Final = "x-stagescope-replica"  # gateway response header: the replica that served it ("0", "1", ...)
 
 # Triton (labels ``model``, ``version``; cumulative microsecond counters).
 TRITON_REQUEST_SUCCESS: Final = "nv_inference_request_success"

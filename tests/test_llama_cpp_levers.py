@@ -183,12 +183,9 @@ def test_replay_shared_follows_the_occupancy_of_the_machine() -> None:
         Q.replay_shared([0.0, 1.0], [1.0], replicas=1, slots=1, slowdown=lambda own, others: 1.0)
 
 
-def test_the_probe_places_requests_as_the_gateway_does_and_names_each_occupancy() -> None:
+def test_each_measured_occupancy_has_a_key() -> None:
     from stagescope.service.llama_cpp import slot_probe as P
 
-    assert P.gateway_placement(1, 2, 2) == [0]
-    assert P.gateway_placement(3, 2, 2) == [0, 1, 0]  # the most free slots, the lowest index on a tie
-    assert P.gateway_placement(9, 2, 2) == [0, 1, 0, 1]  # never more than the slots
     key = P.occupancy_key(N.LEVER_SCALE_OUT, 2, 1)
     assert key == "scale-out@2+1" and P.parse_occupancy_key(key) == (N.LEVER_SCALE_OUT, 2, 1)
     assert P.parse_occupancy_key(N.VARIANT_SERVING) is None

@@ -25,7 +25,9 @@ llama.cpp's final ``timings`` (``prompt_n``, ``prompt_ms``, ``cache_n``, ``predi
 gateway cannot see: how a step's time splits between the slots in it, and whether a slow gap was a
 prompt chunk of another slot or the decode batch itself (the analysis infers that from the running
 batch). Every replica's ``/metrics`` (``llamacpp:*``) is polled each second and served again on the
-gateway's ``/metrics`` with a ``replica`` label, so one scrape holds both. Content is never recorded.
+gateway's ``/metrics`` with a ``replica`` label, so one scrape holds both. Each response says which
+replica served it (the ``x-stagescope-replica`` header; the sizing probe reads it). Content is never
+recorded.
 """
 
 from __future__ import annotations
@@ -289,11 +291,13 @@ def create_gateway_app(
             with contextlib.suppress(ValueError):
                 if rec is not None and upstream.status_code == 200:
                     _note_final(rec, json.loads(raw))
-            return Response(raw, status_code=upstream.status_code, media_type="application/json")
+            return Response(raw, status_code=upstream.status_code, media_type="application/json",
+                            headers={N.HEADER_REPLICA: str(replica.index)})  # fmt: skip
         tokens = stagescope.instrument_stream(
             _relay(upstream, replica, rec, t_admit), record=rec, tokens_per_chunk=lambda c: c[1]
         )
-        return StreamingResponse(_strip(tokens), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_strip(tokens), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", N.HEADER_REPLICA: str(replica.index)})  # fmt: skip
 
     async def _relay(
         upstream: httpx.Response, replica: Replica, rec: Any, t_admit: int

@@ -16,10 +16,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stagescope import names as N
 from stagescope.errors import UserError
 from stagescope.service.scenarios import Scenario
 
-__all__ = ["config", "probe_servers", "probe_text", "stream_gaps", "stream_hold_s", "timings", "together"]
+__all__ = [
+    "GATEWAY_READY_S",
+    "config",
+    "probe_gateway",
+    "probe_servers",
+    "probe_text",
+    "stream_gaps",
+    "stream_hold_s",
+    "timings",
+    "together",
+]
+
+#: Seconds the probe's gateway has to answer ``/readyz`` (it imports FastAPI, OpenTelemetry and the servers' check).
+GATEWAY_READY_S = 60.0
 
 _PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
                 "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
@@ -81,9 +95,10 @@ def config(sc: Scenario, *, apply_lever: bool = False, **over: int) -> Any:
     return dataclasses.replace(cfg, **over) if over else cfg
 
 
-def _stream(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float], dict[str, Any]]:
-    """``(send time, each streamed token's arrival, llama.cpp's final timings)`` of one streamed
-    completion (monotonic seconds; no prompt cache, every token generated)."""
+def _stream(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float], dict[str, Any], str | None]:
+    """``(send time, each streamed token's arrival, llama.cpp's final timings, the replica that served
+    it where a gateway says so)`` of one streamed completion (monotonic seconds; no prompt cache, every
+    token generated)."""
     import http.client
     import urllib.parse
 
@@ -95,7 +110,9 @@ def _stream(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float],
     try:
         sent = time.monotonic()
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        for line in conn.getresponse():
+        resp = conn.getresponse()
+        replica = resp.getheader(N.HEADER_REPLICA)
+        for line in resp:
             if line.startswith(b"data: {"):
                 stamps.append(time.monotonic())
                 last = json.loads(line[6:]).get("timings") or last
@@ -103,21 +120,63 @@ def _stream(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float],
         conn.close()
     if len(stamps) < 3:
         raise UserError("llama.cpp: the sizing probe's stream returned fewer than 3 tokens")
-    return sent, stamps, last
+    return sent, stamps, last, replica
 
 
 def stream_gaps(url: str, prompt: str, max_tokens: int) -> tuple[list[float], float]:
     """``(gaps between streamed tokens in ms, as the client sees them, llama.cpp's prompt_ms)`` of one
     streamed completion (no prompt cache, every token generated)."""
-    _, stamps, t = _stream(url, prompt, max_tokens)
+    _, stamps, t, _ = _stream(url, prompt, max_tokens)
     return [(b - a) * 1000.0 for a, b in itertools.pairwise(stamps[1:])], float(t.get("prompt_ms") or 0.0)  # 1st gap: the prompt
 
 
-def stream_hold_s(url: str, prompt: str, max_tokens: int) -> float:
-    """Seconds one streamed completion holds its slot as a streaming client sees it: sent -> last token.
-    This is how a run's requests are served (the load generator streams every token through the
-    gateway) and what the scale-out model scales (a request's first prefill start -> last decode end);
-    llama.cpp's own ``timings`` leave out the per-token HTTP streaming, whose CPU competes for the
-    machine's cores once more streams run at once."""
-    sent, stamps, _ = _stream(url, prompt, max_tokens)
-    return stamps[-1] - sent
+def stream_hold_s(url: str, prompt: str, max_tokens: int) -> tuple[float, str | None]:
+    """``(seconds, replica)``: how long one streamed completion holds its slot as a streaming client
+    sees it, sent -> last token, and the replica that served it where ``url`` is a gateway
+    (:func:`probe_gateway`). This is how a run's requests are served (the load generator streams every
+    token through the gateway) and what the scale-out model scales (a request's first prefill start ->
+    last decode end); llama.cpp's own ``timings`` leave out the per-token streaming and its relay,
+    whose CPU competes for the machine's cores once more streams run at once."""
+    sent, stamps, _, replica = _stream(url, prompt, max_tokens)
+    return stamps[-1] - sent, replica
+
+
+@contextlib.contextmanager
+def probe_gateway(urls: list[str], slots: int) -> Iterator[str]:
+    """The stagescope gateway (``serve --upstream``, a child process, no spans written) in front of the
+    servers at ``urls`` with ``slots`` slots each, ready; its URL. Stopped on exit. The probe's requests
+    then take the path a run's requests take: admission, the relay of every streamed token."""
+    import signal
+    import subprocess
+    import sys
+
+    from stagescope.service.llama_cpp.server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "stagescope.service.llama_cpp.serve", "--host", "127.0.0.1", "--port", str(port),
+           "--slots", str(slots), *itertools.chain.from_iterable(("--upstream", u) for u in urls)]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + GATEWAY_READY_S
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                    raise UserError(f"llama.cpp: the sizing probe's gateway exited ({proc.returncode}): {tail[0]}")
+                with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2.0) as r:
+                    if r.status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise UserError(f"llama.cpp: the sizing probe's gateway was not ready in {GATEWAY_READY_S:g} s")
+                time.sleep(0.2)
+            yield url
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -6,16 +6,16 @@ occupancy of the machine.
   the arrival rate is SLOTS_OVERLOAD x those slots' capacity, and the TTFT threshold
   TTFT_SLO_OVER_SERVICE x ``S`` (:func:`slot_load`).
 * With the lever (a second server): ``n`` requests at once for every ``n`` from 1 to all the lever's
-  slots, placed as the gateway places them (the replica with the most free slots first), and each
-  request's time read by the replica's occupancy: ``T(own, others)``, its own server's busy slots and
+  slots, through a gateway that places them as in a run (the replica with the most free slots first)
+  and says where (its replica header), and each request's time read by the replica's occupancy: ``T(own, others)``, its own server's busy slots and
   the other servers'. On a machine whose cores the servers share, a request on one server slows when
   the other server decodes too, and the lever run's servers are not always both full: the scale-out
   model (analysis.llm_levers.slot_scale_out) replays the arrivals with each request's speed following
   the occupancy at each moment (analysis.queueing.replay_shared).
 
-Times are taken as a streaming client sees them (probe.stream_hold_s: sent -> last token), the way the
-run's load generator is served and its slot times recorded; llama.cpp's own ``timings`` leave out the
-per-token streaming. One probe on this machine, load average about 3 (other engineers' work): the
+Times are taken as a streaming client sees them through the stagescope gateway (probe.probe_gateway,
+probe.stream_hold_s: sent -> last token), the way the run's load generator is served and its slot
+times recorded; llama.cpp's own ``timings`` leave out the per-token streaming and its relay. One probe on this machine, load average about 3 (other engineers' work): the
 lever's servers with every slot busy took 1.6-2.1x as long as today's server by llama.cpp's timings
 (non-streaming), 1.2-1.3x streamed; the lever runs held their slots 1.1-1.3x as long. Rounds alternate
 between today's servers and the lever's, and the medians count, so a change in the machine's other
@@ -32,7 +32,14 @@ from typing import Any
 
 from stagescope import names as N
 from stagescope.errors import UserError
-from stagescope.service.llama_cpp.probe import config, probe_servers, probe_text, stream_hold_s, timings
+from stagescope.service.llama_cpp.probe import (
+    config,
+    probe_gateway,
+    probe_servers,
+    probe_text,
+    stream_hold_s,
+    timings,
+)
 from stagescope.service.scenarios import Scenario
 
 __all__ = [
@@ -42,7 +49,6 @@ __all__ = [
     "SLOT_PROBE_ROUNDS",
     "SLOT_RUN_ARRIVALS",
     "TTFT_SLO_OVER_SERVICE",
-    "gateway_placement",
     "occupancy_key",
     "parse_occupancy_key",
     "size_slots",
@@ -97,50 +103,42 @@ def slot_load(service_s: float, *, slots: int) -> tuple[float, float]:
     return SLOTS_OVERLOAD * slots / service_s, TTFT_SLO_OVER_SERVICE * service_s * 1000.0
 
 
-def gateway_placement(n: int, replicas: int, slots: int) -> list[int]:
-    """The replica of each of ``n`` requests arriving at once at idle replicas, as the gateway places
-    them (llama_cpp.gateway.Router: the most free slots first, the lowest index on a tie)."""
-    busy = [0] * replicas
-    out = []
-    for _ in range(min(n, replicas * slots)):
-        r = max(range(replicas), key=lambda i: (slots - busy[i], -i))
-        busy[r] += 1
-        out.append(r)
-    return out
-
-
-def _holds(urls: list[str], placed: list[int], sc: Scenario, key: int) -> list[float]:
-    """Each request's streamed slot time (s), ``placed[i]`` = the replica of request ``i``, all sent at once."""
+def _holds(gateway: str, n: int, sc: Scenario, key: int) -> list[tuple[float, int]]:
+    """``[(streamed slot time s, replica)]`` of ``n`` of scenario ``sc``'s requests sent at once through
+    the probe's ``gateway`` (which places them, and says where)."""
     w = sc.workload
-    jobs = [(urls[r], probe_text(w.prompt_tokens, key + i), w.max_tokens) for i, r in enumerate(placed)]
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        return list(ex.map(lambda j: stream_hold_s(*j), jobs))
+    with ThreadPoolExecutor(n) as ex:
+        got = list(ex.map(lambda i: stream_hold_s(gateway, probe_text(w.prompt_tokens, key + i), w.max_tokens), range(n)))
+    if any(r is None or not r.isdigit() for _, r in got):
+        raise UserError("llama.cpp: the sizing probe's gateway did not say which replica served a request")
+    return [(secs, int(str(r))) for secs, r in got]
 
 
-def _occupancy_round(urls: list[str], slots: int, sc: Scenario, key: int) -> dict[tuple[int, int], float]:
-    """``{(own, others): median s}`` from ``n`` = 1 .. every slot of the servers at ``urls`` at once."""
+def _occupancy_round(gateway: str, replicas: int, slots: int, sc: Scenario, key: int) -> dict[tuple[int, int], float]:
+    """``{(own, others): median s}`` from ``n`` = 1 .. every slot of the gateway's servers at once."""
     out: dict[tuple[int, int], list[float]] = {}
-    for n in range(1, len(urls) * slots + 1):
-        placed = gateway_placement(n, len(urls), slots)
-        for r, h in zip(placed, _holds(urls, placed, sc, key + 10 * n), strict=True):
-            own = placed.count(r)
-            out.setdefault((own, n - own), []).append(h)
+    for n in range(1, replicas * slots + 1):
+        got = _holds(gateway, n, sc, key + 10 * n)
+        for secs, r in got:
+            own = sum(1 for _, x in got if x == r)
+            out.setdefault((own, n - own), []).append(secs)
     return {k: statistics.median(v) for k, v in out.items()}
 
 
 def _measure(cfg: Any, lever: Any, sc: Scenario) -> tuple[float, dict[tuple[int, int], float]]:
     """``(S, {(own, others): s})``: today's servers with every slot busy, and the lever's servers at each
-    occupancy; the medians of SLOT_PROBE_ROUNDS alternating rounds (all servers start first)."""
+    occupancy, each behind its own gateway; the medians of SLOT_PROBE_ROUNDS alternating rounds (all
+    servers and gateways start first)."""
     w = sc.workload
-    with probe_servers(cfg) as now, probe_servers(lever) as new:
+    with probe_servers(cfg) as now, probe_servers(lever) as new, probe_gateway(now, cfg.parallel) as g_now, \
+            probe_gateway(new, lever.parallel) as g_new:  # fmt: skip
         for u in (*now, *new):
             timings(u, probe_text(w.prompt_tokens, 0), 4)  # warm-up
         served: list[float] = []
         table: dict[tuple[int, int], list[float]] = {}
         for r in range(SLOT_PROBE_ROUNDS):
-            every = [i for i in range(len(now)) for _ in range(cfg.parallel)]
-            served.append(statistics.median(_holds(now, every, sc, 1000 * r + 1)))
-            for k, v in _occupancy_round(new, lever.parallel, sc, 1000 * r + 501).items():
+            served.append(statistics.median(s for s, _ in _holds(g_now, cfg.parallel * cfg.replicas, sc, 1000 * r + 1)))
+            for k, v in _occupancy_round(g_new, lever.replicas, lever.parallel, sc, 1000 * r + 501).items():
                 table.setdefault(k, []).append(v)
     return statistics.median(served), {k: statistics.median(v) for k, v in sorted(table.items())}
 
@@ -151,6 +149,8 @@ def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
     lever = config(sc, apply_lever=True)
     service, table = _measure(cfg, lever, sc)
     full = (lever.parallel, (lever.replicas - 1) * lever.parallel)
+    if full not in table:
+        raise UserError(f"llama.cpp: the sizing probe never had every slot of the lever's servers busy ({sorted(table)})")
     lever_service = table[full]
     rate, ttft = slot_load(service, slots=cfg.parallel * cfg.replicas)
     rate, ttft = round(rate, 1), float(max(10, round(ttft, -1)))
