@@ -41,7 +41,7 @@ from stagescope.analysis import intervals as I
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
-from stagescope.analysis.breach import SLIView, sql_str
+from stagescope.analysis.breach import NOT_SHED, SLIView, scope_filter, sql_str
 from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import trace_ref
@@ -313,19 +313,27 @@ def slot_scale_out(
     if attr.weighted or attr.of_kind(N.KIND_COMPUTE) or not stream or executors < 1:
         return None
     ref = trace_ref(con)
+    # every arrival of the SLO's scope, the ones its client gave up on too (closed: no sample, but they
+    # took their place in the queue; in one llama.cpp run 35 of 81 waited past the client's 30 s)
     rows = con.execute(
-        f"""WITH r AS (SELECT {ref} AS ref, start_unix_ns AS t FROM requests
-                       WHERE {view.request_filter} AND {view.value_expr} IS NOT NULL AND start_unix_ns IS NOT NULL),
+        f"""WITH r AS (SELECT {ref} AS ref, start_unix_ns AS t,
+                              coalesce({view.request_filter} AND {view.value_expr} IS NOT NULL, false) AS kept
+                       FROM requests WHERE {NOT_SHED} AND {scope_filter(view.slo)} AND start_unix_ns IS NOT NULL),
                  h AS (SELECT {ref} AS ref, (max(end_unix_ns) - min(start_unix_ns)) / 1e6 AS hold FROM stages
                        WHERE stage IN ({", ".join(sql_str(x) for x in stream)}) AND {ref} IN (SELECT ref FROM r)
                        GROUP BY 1)
-            SELECT CAST(r.ref AS VARCHAR), r.t, coalesce(h.hold, 0.0) FROM r LEFT JOIN h USING (ref) ORDER BY r.t"""
+            SELECT CAST(r.ref AS VARCHAR), r.t, coalesce(h.hold, 0.0), r.kept FROM r LEFT JOIN h USING (ref)
+            ORDER BY r.t"""
     ).fetchall()
-    if len(rows) < 2:
+    kept_holds = sorted(float(h) for _, _, h, k in rows if k)
+    if len(kept_holds) < 2:
         return None
     t0 = rows[0][1]
-    arr = [(t - t0) / 1e6 for _, t, _ in rows]
-    hold = [float(h) for _, _, h in rows]
+    arr = [(t - t0) / 1e6 for _, t, _, _ in rows]
+    hold = [float(h) for _, _, h, _ in rows]  # as it happened: a closed request held its slot until it left
+    typical = kept_holds[len(kept_holds) // 2]
+    # with the lever each is served in full: a closed one holds at least the median served request's time
+    full = [h if k else max(h, typical) for (_, _, h, k) in rows]
     c2 = to_executors or 2 * executors
     now = Q.replay_waits(arr, hold, executors)
     # the scaled-out servers' measured speed at each occupancy, relative to the speed the holds were
@@ -335,11 +343,11 @@ def slot_scale_out(
     shared = bool(table) and served_ms > 0 and c2 % executors == 0 and max(k[0] for k in table) == executors
     if shared:
         slow = occupancy_slowdown(table, served_ms)
-        after = Q.replay_shared(arr, hold, replicas=c2 // executors, slots=executors, slowdown=slow)
+        after = Q.replay_shared(arr, full, replicas=c2 // executors, slots=executors, slowdown=slow)
     else:
-        after = Q.replay_waits(arr, [h * ratio for h in hold], c2)
+        after = Q.replay_waits(arr, [h * ratio for h in full], c2)
     q = view.slo.quantile
-    con.register("ss_replay_src", pa.table({"ref": [r for r, _, _ in rows], "t0": [t for _, t, _ in rows],
+    con.register("ss_replay_src", pa.table({"ref": [r for r, _, _, _ in rows], "t0": [t for _, t, _, _ in rows],
                                             "now_ms": now, "wait_ms": after}))  # fmt: skip
     con.execute("CREATE OR REPLACE TEMP TABLE ss_replay AS SELECT * FROM ss_replay_src")
     con.unregister("ss_replay_src")
@@ -357,14 +365,16 @@ def slot_scale_out(
     # last: the plan (analysis.plan) composes on the last expression a lever model's quantile read
     pred = _q(con, src, f"value_ms - {col} + replay_wait", q, attr)
     seen = f"; replayed with today's {executors} the queue's p{q * 100:g} is {replayed:,.0f} ms (measured {measured:,.0f} ms)"
-    held = sum(hold) / len(hold)
+    held = sum(kept_holds) / len(kept_holds)
+    closed = sum(1 for *_, k in rows if not k)
     if shared:
         occ = ", ".join(f"{o}+{x} busy x{ms / served_ms:.2f}" for (o, x), ms in sorted(table.items()))
         speed = f", at the measured speed of its server's occupancy: {occ} (own + other servers' busy slots)"
     else:
         speed = "" if ratio == 1.0 else f", x{ratio:.2f}"
     return pred, (
-        f"executors {executors} -> {c2}: the {len(rows)} arrivals replayed first come, first served "
+        f"executors {executors} -> {c2}: the {len(rows)} arrivals"
+        f"{f' ({closed} closed by their client, each then held the median time)' if closed else ''} replayed first come, first served "
         f"through {c2} executors, each request holding one for its measured time (mean "
         f"{held:,.0f} ms{speed}){seen}"
     )
