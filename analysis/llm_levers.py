@@ -300,8 +300,12 @@ def slot_scale_out(
 ) -> tuple[Any, str] | None:
     """scale-out of an LLM engine's slots (token streams, no compute spans), replayed: every one of the
     SLO's requests arrives when it did and holds an executor (a slot) for its measured time, first
-    prefill start to last decode end, times ``ratio`` (the added servers' measured speed, 1 without
-    it), through ``to_executors`` (default ``2 x executors``) first-come first-served executors (queueing.replay_waits); its
+    prefill start to last decode end, through ``to_executors`` (default ``2 x executors``) first-come
+    first-served executors: at the speed the service measured for each occupancy of the scaled-out
+    servers (:func:`occupancy_table`, queueing.replay_shared) where it measured that, else times
+    ``ratio`` (the added servers' measured speed with every slot busy, 1 without it;
+    queueing.replay_waits). Requests of the SLO's scope without a sample (closed by their client, failed)
+    arrived too: they hold their slot as they did, and with the lever at least the median time; its
     ``col`` (queue) time becomes the replayed wait. The same replay with today's ``executors`` is the
     model's check: where its queue quantile is not within REPLAY_TOLERANCE of the measured one, the
     slots' hold times do not explain the queue, and this returns None (the caller's steady-state queue
@@ -374,7 +378,7 @@ def slot_scale_out(
         speed = "" if ratio == 1.0 else f", x{ratio:.2f}"
     return pred, (
         f"executors {executors} -> {c2}: the {len(rows)} arrivals"
-        f"{f' ({closed} closed by their client, each then held the median time)' if closed else ''} replayed first come, first served "
+        f"{f' ({closed} without a sample: closed by their client or failed; each then held at least the median time)' if closed else ''} replayed first come, first served "
         f"through {c2} executors, each request holding one for its measured time (mean "
         f"{held:,.0f} ms{speed}){seen}"
     )
