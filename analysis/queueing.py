@@ -17,11 +17,21 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 
-__all__ = ["Arrivals", "QueueModel", "arrivals", "erlang_c", "replay_waits", "servers_for", "uniform_rank_sql"]
+__all__ = [
+    "Arrivals",
+    "QueueModel",
+    "arrivals",
+    "erlang_c",
+    "replay_shared",
+    "replay_waits",
+    "servers_for",
+    "uniform_rank_sql",
+]
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -184,3 +194,57 @@ def replay_waits(arrivals_ms: list[float], service_ms: list[float], servers: int
         out.append(start - t)
         heapq.heappush(free, start + max(0.0, s))
     return out
+
+
+def replay_shared(
+    arrivals_ms: list[float], work_ms: list[float], *, replicas: int, slots: int,
+    slowdown: Callable[[int, int], float],
+) -> list[float]:  # fmt: skip
+    """Each request's wait (ms) in a first-come first-served replay through ``replicas`` servers of
+    ``slots`` slots each that share one machine: a request holding a slot progresses at
+    ``1 / slowdown(own, others)`` ms of its ``work_ms`` per ms, ``own`` being the busy slots of its
+    server and ``others`` those of the other servers at that moment (1 = the speed its ``work_ms``
+    was measured at). A waiting request takes a slot of the server with the most free slots, the
+    lowest index on a tie (the llama.cpp gateway's router). Unlike :func:`replay_waits` a request's
+    slot time is not fixed: it follows the occupancy, which on a machine whose cores the servers share
+    changes as requests come and go (a lever run's slots were held 1.1-1.3x as long as one server's,
+    and twice as long with every slot of both busy as with one slot alone). An event-driven replay:
+    O(requests x slots) per event."""
+    if replicas < 1 or slots < 1:
+        raise ValueError(f"replicas and slots must be at least 1, got {replicas} and {slots}")
+    n = len(arrivals_ms)
+    if len(work_ms) != n:
+        raise ValueError(f"{n} arrivals but {len(work_ms)} work times")
+    waits = [0.0] * n
+    busy = [0] * replicas
+    active: list[list[float]] = []  # [request, replica, work left in ms]
+    queue: list[int] = []
+    t, k = float("-inf"), 0
+
+    def admit() -> None:
+        while queue and any(b < slots for b in busy):
+            r = max(range(replicas), key=lambda i: (slots - busy[i], -i))
+            i = queue.pop(0)
+            busy[r] += 1
+            waits[i] = t - arrivals_ms[i]
+            active.append([float(i), float(r), max(0.0, work_ms[i])])
+
+    while k < n or active:
+        total = sum(busy)
+        rates = [1.0 / max(1e-9, slowdown(busy[int(a[1])], total - busy[int(a[1])])) for a in active]
+        finish = min((a[2] / v for a, v in zip(active, rates, strict=True)), default=math.inf)
+        nxt = arrivals_ms[k] - t if k < n else math.inf
+        dt = max(0.0, min(finish, nxt))
+        t = arrivals_ms[k] if nxt <= finish and k < n else t + dt
+        for a, v in zip(active, rates, strict=True):
+            a[2] -= v * dt
+        if nxt <= finish and k < n:
+            queue.append(k)
+            k += 1
+        else:
+            done = [a for a in active if a[2] <= 1e-9 * max(1.0, abs(t))]
+            for a in done or [min(active, key=lambda a: a[2])]:
+                active.remove(a)
+                busy[int(a[1])] -= 1
+        admit()
+    return waits

@@ -56,7 +56,8 @@ def register(subparsers: Any) -> None:
                             "`stagescope serve --list-scenarios`)")
     which.add_argument("--all", action="store_true", help="run every scenario and compare found vs true cause")
     p.add_argument("--duration", type=V.number(2.0, 3600.0), default=None, metavar="S",
-                   help="seconds of load per run (default 20; 12 with --all)")
+                   help="seconds of load per run (default 20; 12 with --all; an engine's sizing may ask for "
+                        "longer: llama-cpp's slot fault runs for 80 arrivals, up to 60 s)")
     p.add_argument("--out", default="out/demo", metavar="DIR", help="output folder (default out/demo)")
     p.add_argument("--apply-lever", action="store_true",
                    help="run again with the recommended lever applied; compare measured and predicted p99")

@@ -52,6 +52,16 @@ def _sizing(engine: str, name: str) -> dict[str, Any]:
     return overrides
 
 
+def _duration(duration_s: float, sized: dict[str, Any]) -> float:
+    """The run's duration: the sizing may ask for a longer one (enough arrivals for the SLO's quantile)."""
+    from stagescope.demo.runner import run_duration
+
+    dur = run_duration(duration_s, sized)
+    if dur > duration_s:
+        err_console.print(f"  runs last {dur:g} s (not {duration_s:g}): the sizing asks for enough arrivals for the SLO's quantile")
+    return dur
+
+
 def _run(
     name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, label: str,
     engine: str = DEFAULT_ENGINE, overrides: dict[str, Any] | None = None,
@@ -230,6 +240,7 @@ def run_one(
     sc = get_engine(engine).get_scenario(name)
     _prepare(engine)
     sized = _sizing(engine, name)
+    duration_s = _duration(duration_s, sized)
     before = _run(name, out, duration_s=duration_s, apply_lever=False, port=port, label="run", engine=engine,
                   overrides=sized)  # fmt: skip
     _write_dashboards(out)
@@ -293,7 +304,8 @@ def run_all(
     wrong_cause = slo_missed = 0
     for name, sc in scenarios.items():
         sized = _sizing(engine, name)
-        res = _run(name, out / name, duration_s=duration_s, apply_lever=False, port=port, label=name,
+        dur = _duration(duration_s, sized)
+        res = _run(name, out / name, duration_s=dur, apply_lever=False, port=port, label=name,
                    engine=engine, overrides=sized)  # fmt: skip
         v = res.report.get("verdict") or {}
         found_stage, found_lever = v.get("stage"), v.get("lever")
@@ -307,7 +319,7 @@ def run_all(
         }  # fmt: skip
         if apply_lever and sc.lever is not None and ok:
             lever_overrides, applied = _lever_run_settings(engine, sc, found_lever, res.report, sized)
-            after = _run(name, out / name / "lever", duration_s=duration_s, apply_lever=True, port=port,
+            after = _run(name, out / name / "lever", duration_s=dur, apply_lever=True, port=port,
                          label=f"{name} lever", engine=engine, overrides=lever_overrides)  # fmt: skip
             check = {**lever_check(res, after), "lever_settings": applied}
             (out / name / "lever_check.json").write_text(json.dumps(check, indent=2) + "\n", encoding="utf-8")

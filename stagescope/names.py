@@ -434,6 +434,9 @@ METRIC_MODEL_VARIANT_BATCH: Final = "stagescope_model_variant_batch_seconds"  # 
 # What a fleet-changing lever would do to one request's time holding an executor, measured by the service
 # (the llama.cpp demo's sizing probe: every slot busy, as served and with the lever's servers); label variant.
 METRIC_EXECUTOR_SERVICE: Final = "stagescope_executor_service_seconds"  # gauge: median s per request, all busy
+# The same by occupancy (a host whose cores the servers share): one request's time with LABEL_BUSY_OWN
+# slots of its server busy and LABEL_BUSY_OTHERS on the other servers; labels variant, busy_own, busy_others.
+METRIC_EXECUTOR_OCCUPANCY: Final = "stagescope_executor_occupancy_service_seconds"  # gauge: median s per request
 
 # OpenTelemetry GenAI semantic conventions, as Prometheus renders them (dots to underscores + unit).
 METRIC_GENAI_TTFT: Final = "gen_ai_server_time_to_first_token_seconds"  # arrival to first token
@@ -592,6 +595,7 @@ ATTR_LLAMACPP_PREDICTED_MS: Final = "llamacpp.timings.predicted_ms"  # ms genera
 # (prefill stage minus prompt_ms): waiting for room in the engine's batch behind other prompts
 ATTR_LLAMACPP_PROMPT_WAIT_MS: Final = "llamacpp.prompt_wait_ms"
 ATTR_REPLICA: Final = "stagescope.replica"  # which engine replica served the request
+HEADER_REPLICA: Final = "x-stagescope-replica"  # gateway response header: the replica that served it ("0", "1", ...)
 
 # Triton (labels ``model``, ``version``; cumulative microsecond counters).
 TRITON_REQUEST_SUCCESS: Final = "nv_inference_request_success"
@@ -658,6 +662,8 @@ LABEL_REASON: Final = "reason"
 LABEL_GPU: Final = "gpu"
 LABEL_VARIANT: Final = "variant"  # model variant: VARIANT_SERVING or the lever that would serve it
 LABEL_ROWS: Final = "rows"  # rows (work units) in a micro-benchmark batch
+LABEL_BUSY_OWN: Final = "busy_own"  # busy slots of the request's own server ("1", "2", ...)
+LABEL_BUSY_OTHERS: Final = "busy_others"  # busy slots of the other servers on the same host ("0", "1", ...)
 VARIANT_SERVING: Final = "serving"  # the model as it is served now
 OTHER_MODEL: Final = "other"  # folded value for models outside the configured set
 UNMATCHED_ROUTE: Final = "unmatched"  # route label for paths that match no route template

@@ -126,13 +126,15 @@ def test_gateway_relays_llama_metrics_and_puts_timings_on_spans(
 def test_each_llama_scenario_is_diagnosed_as_its_truth(
     name: str, engine: tuple[Build, ModelArtifact], tmp_path: Path
 ) -> None:
-    from stagescope.demo.runner import run_scenario
+    from stagescope.demo.runner import run_duration, run_scenario
     from stagescope.service.engines import get_engine
     from stagescope.service.llama_cpp.scenarios import get_scenario
 
     sc = get_scenario(name)
     sized, _ = get_engine("llama-cpp").sizing(sc)  # long prompts sized to the machine now, as the demo does
-    res = run_scenario(name, out=tmp_path / name, duration_s=15.0, engine="llama-cpp", overrides=sized)
+    # as the demo: a slot fault's run lasts long enough for its quantile (the sizing says how long)
+    res = run_scenario(name, out=tmp_path / name, duration_s=run_duration(15.0, sized), engine="llama-cpp",
+                       overrides=sized)  # fmt: skip
     report = res.report
     assert report["breached"] == sc.breach, report.get("headline")
     if sc.breach:

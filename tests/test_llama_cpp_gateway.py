@@ -101,6 +101,7 @@ async def _stream(client: httpx.AsyncClient, url: str, i: int) -> list[str]:
             "stream_options": {"include_usage": True}}  # fmt: skip
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
+        assert r.headers[N.HEADER_REPLICA] == "0"  # the one upstream: the sizing probe reads this
         return [ln for ln in [x async for x in r.aiter_lines()] if ln.startswith("data:")]
 
 

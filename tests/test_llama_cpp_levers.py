@@ -154,3 +154,81 @@ def test_measured_service_overrides_become_gateway_options_and_bad_ones_are_one_
         with pytest.raises(UserError):
             measured_service(bad)
     assert main(["--scenario", "llama-slots-busy", "--measured-service", "serving=nope", "--print-config"]) == 2
+
+
+def test_replay_shared_follows_the_occupancy_of_the_machine() -> None:
+    """The occupancy replay: at a constant speed it is the plain replay over replicas x slots (at twice
+    the time, the plain replay of doubled holds); where a request slows while the other server is
+    busy, the requests that overlap take longer, and the next one waits for that."""
+    import random
+
+    rng = random.Random(3)
+    arr = sorted(rng.uniform(0, 10_000) for _ in range(60))
+    svc = [rng.uniform(500, 1500) for _ in arr]
+    plain = Q.replay_waits(arr, svc, 4)
+    same = Q.replay_shared(arr, svc, replicas=2, slots=2, slowdown=lambda own, others: 1.0)
+    assert same == pytest.approx(plain, abs=1e-6)
+    doubled = Q.replay_shared(arr, svc, replicas=2, slots=2, slowdown=lambda own, others: 2.0)
+    assert doubled == pytest.approx(Q.replay_waits(arr, [2 * s for s in svc], 4), abs=1e-6)
+    # two at once on two one-slot servers, each 1.5x slower while the other runs: both end at 15, the
+    # third waits 15; alone it would run at full speed
+    assert Q.replay_shared([0.0, 0.0, 0.0], [10.0] * 3, replicas=2, slots=1,
+                           slowdown=lambda own, others: 1.0 + 0.5 * others) == pytest.approx([0.0, 0.0, 15.0])  # fmt: skip
+    # the first finishes at 10 alone (the second arrives at 10): no slowdown is ever applied
+    assert Q.replay_shared([0.0, 10.0], [10.0, 10.0], replicas=2, slots=1,
+                           slowdown=lambda own, others: 1.0 + 0.5 * others) == pytest.approx([0.0, 0.0])  # fmt: skip
+    with pytest.raises(ValueError):
+        Q.replay_shared([0.0], [1.0], replicas=0, slots=1, slowdown=lambda own, others: 1.0)
+    with pytest.raises(ValueError):
+        Q.replay_shared([0.0, 1.0], [1.0], replicas=1, slots=1, slowdown=lambda own, others: 1.0)
+
+
+def test_each_measured_occupancy_has_a_key() -> None:
+    from stagescope.service.llama_cpp import slot_probe as P
+
+    key = P.occupancy_key(N.LEVER_SCALE_OUT, 2, 1)
+    assert key == "scale-out@2+1" and P.parse_occupancy_key(key) == (N.LEVER_SCALE_OUT, 2, 1)
+    assert P.parse_occupancy_key(N.VARIANT_SERVING) is None
+    for bad in ("scale-out@", "scale-out@2", "scale-out@0+1", "@1+0", "scale-out@a+1", "scale-out@1+-1"):
+        with pytest.raises(UserError):
+            P.parse_occupancy_key(bad)
+
+
+def test_occupancy_times_travel_from_the_serve_options_to_the_gateway_and_the_model() -> None:
+    from stagescope.service.llama_cpp.gateway import create_gateway_app
+    from stagescope.service.llama_cpp.serve import main, measured_service
+
+    got = measured_service(["serving=1.2", "scale-out@2+2=1.5", "scale-out@1+0=0.6"])
+    assert got == {"serving": 1.2, "scale-out@2+2": 1.5, "scale-out@1+0": 0.6}
+    assert main(["--scenario", "llama-slots-busy", "--measured-service", "scale-out@x=1", "--print-config"]) == 2
+    reg = CollectorRegistry()
+    create_gateway_app(["http://127.0.0.1:9"], 2, registry=reg, measured_service_s=got)
+    text = generate_latest(reg).decode()
+    assert (f'{N.METRIC_EXECUTOR_OCCUPANCY}{{{N.LABEL_BUSY_OTHERS}="2",{N.LABEL_BUSY_OWN}="2",'
+            f'{N.LABEL_VARIANT}="{N.LEVER_SCALE_OUT}"}} 1.5') in text  # fmt: skip
+    assert f'{N.METRIC_EXECUTOR_SERVICE}{{variant="{N.VARIANT_SERVING}"}} 1.2' in text
+    con = _metrics_con([
+        (N.METRIC_EXECUTOR_OCCUPANCY, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT, N.LABEL_BUSY_OWN: "2", N.LABEL_BUSY_OTHERS: "2"}, 1.5),
+        (N.METRIC_EXECUTOR_OCCUPANCY, {N.LABEL_VARIANT: N.LEVER_SCALE_OUT, N.LABEL_BUSY_OWN: "1", N.LABEL_BUSY_OTHERS: "0"}, 0.6),
+        (N.METRIC_EXECUTOR_OCCUPANCY, {N.LABEL_VARIANT: "other", N.LABEL_BUSY_OWN: "1", N.LABEL_BUSY_OTHERS: "0"}, 9.0),
+    ])  # fmt: skip
+    table = L.occupancy_table(con, N.LEVER_SCALE_OUT)
+    assert table == pytest.approx({(2, 2): 1500.0, (1, 0): 600.0})
+    assert L.occupancy_table(duckdb.connect(), N.LEVER_SCALE_OUT) == {}
+    slow = L.occupancy_slowdown(table, 1200.0)
+    assert slow(2, 2) == pytest.approx(1.25) and slow(1, 0) == pytest.approx(0.5)
+    assert slow(2, 1) == pytest.approx(1.25)  # not measured: the nearest with as many on its own server
+    assert slow(1, 2) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        L.occupancy_slowdown({}, 1200.0)
+
+
+def test_a_slot_fault_asks_for_runs_long_enough_for_its_quantile() -> None:
+    from stagescope.demo.runner import MIN_DURATION_KEY, apply_workload, run_duration
+    from stagescope.service.llama_cpp.scenarios import get_scenario
+
+    assert run_duration(12.0, {MIN_DURATION_KEY: 35.0}) == 35.0
+    assert run_duration(60.0, {MIN_DURATION_KEY: 35.0}) == 60.0
+    assert run_duration(12.0, {}) == 12.0 and run_duration(12.0, None) == 12.0
+    _, rest = apply_workload(get_scenario("llama-slots-busy"), {MIN_DURATION_KEY: 35.0, "parallel": 2})
+    assert rest == {"parallel": 2}  # the service never sees it

@@ -25,7 +25,9 @@ llama.cpp's final ``timings`` (``prompt_n``, ``prompt_ms``, ``cache_n``, ``predi
 gateway cannot see: how a step's time splits between the slots in it, and whether a slow gap was a
 prompt chunk of another slot or the decode batch itself (the analysis infers that from the running
 batch). Every replica's ``/metrics`` (``llamacpp:*``) is polled each second and served again on the
-gateway's ``/metrics`` with a ``replica`` label, so one scrape holds both. Content is never recorded.
+gateway's ``/metrics`` with a ``replica`` label, so one scrape holds both. Each response says which
+replica served it (the ``x-stagescope-replica`` header; the sizing probe reads it). Content is never
+recorded.
 """
 
 from __future__ import annotations
@@ -178,6 +180,23 @@ def _note_final(rec: Any, doc: dict[str, Any]) -> None:
             rec.output_tokens = usage["completion_tokens"]
 
 
+def _export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry) -> None:
+    """The measured service times as gauges: plain variants and, by occupancy, ``variant@own+others``."""
+    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
+
+    g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
+              "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
+    occ = Gauge(N.METRIC_EXECUTOR_OCCUPANCY, "median s one request holds a slot with busy_own slots of its server "
+                "and busy_others of the other servers busy, measured before the run",
+                [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS], registry=registry)  # fmt: skip
+    for key, secs in measured_service_s.items():
+        parsed = parse_occupancy_key(key)
+        if parsed is None:
+            g.labels(key).set(float(secs))
+        else:
+            occ.labels(parsed[0], str(parsed[1]), str(parsed[2])).set(float(secs))
+
+
 def create_gateway_app(
     replica_urls: Sequence[str],
     slots: int,
@@ -192,13 +211,11 @@ def create_gateway_app(
     """The gateway as a FastAPI app in front of ``replica_urls`` (each with ``slots`` slots).
     ``measured_service_s``: one request's service time (s) with every slot busy, measured before the
     run, by variant (``serving``, or a lever such as ``scale-out`` for the servers it would run),
-    exported as ``stagescope_executor_service_seconds{variant}`` for the scale-out model."""
+    exported as ``stagescope_executor_service_seconds{variant}`` for the scale-out model, and by
+    occupancy (``variant@own+others``) as ``stagescope_executor_occupancy_service_seconds``."""
     registry = registry if registry is not None else CollectorRegistry()
     if measured_service_s:
-        g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
-                  "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
-        for variant, secs in measured_service_s.items():
-            g.labels(variant).set(float(secs))
+        _export_measured(measured_service_s, registry)
     replicas = [Replica(i, u.rstrip("/"), slots) for i, u in enumerate(replica_urls)]
     router = Router(replicas)
     relay = MetricsRelay(replicas)
@@ -274,11 +291,13 @@ def create_gateway_app(
             with contextlib.suppress(ValueError):
                 if rec is not None and upstream.status_code == 200:
                     _note_final(rec, json.loads(raw))
-            return Response(raw, status_code=upstream.status_code, media_type="application/json")
+            return Response(raw, status_code=upstream.status_code, media_type="application/json",
+                            headers={N.HEADER_REPLICA: str(replica.index)})  # fmt: skip
         tokens = stagescope.instrument_stream(
             _relay(upstream, replica, rec, t_admit), record=rec, tokens_per_chunk=lambda c: c[1]
         )
-        return StreamingResponse(_strip(tokens), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_strip(tokens), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", N.HEADER_REPLICA: str(replica.index)})  # fmt: skip
 
     async def _relay(
         upstream: httpx.Response, replica: Replica, rec: Any, t_admit: int

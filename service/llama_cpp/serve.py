@@ -71,16 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-sample", type=float, default=None)
     p.add_argument("--measured-service", dest="measured", action="append", default=[], metavar="VARIANT=SECONDS",
                    help="one request's measured service time with every slot busy (variant serving, or a lever "
-                        "such as scale-out), exported for the analysis' scale-out model (repeatable)")
+                        "such as scale-out; VARIANT@OWN+OTHERS: with OWN busy slots on its server and OTHERS on "
+                        "the other servers), exported for the analysis' scale-out model (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the engine settings as JSON and exit")
     return p  # fmt: skip
 
 
 def measured_service(items: list[str]) -> dict[str, float]:
-    """``VARIANT=SECONDS`` strings into a dict; a malformed one or a time that is not a positive
-    number of seconds is a UserError."""
+    """``VARIANT=SECONDS`` (or ``VARIANT@OWN+OTHERS=SECONDS``) strings into a dict; a malformed one or a
+    time that is not a positive number of seconds is a UserError."""
+    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
+
     out: dict[str, float] = {}
     for key, value in parse_assignments(items).items():
+        parse_occupancy_key(key)  # a UserError if malformed
         try:
             secs = float(value)
         except ValueError:

@@ -16,35 +16,37 @@ next. Each fault is sized by the quantity that makes it:
   the full run's gaps, at 3/4 of the slots and more, pass it, and the running-batch cap the analysis
   chooses (the largest whose fitted step plus scatter stays within 80 % of the threshold) lies below
   half the slots (:func:`decode_load`);
-* a slot fault (true stage ``queue``): one request's service time with every slot of the server busy;
-  the arrival rate is SLOTS_OVERLOAD x those slots' capacity, and the TTFT threshold
-  TTFT_SLO_OVER_SERVICE x that service time (:func:`slot_load`). The lever's servers are timed the
-  same way, in alternating rounds, so the message says what capacity the scale-out has here (on a
-  2-core machine the second server only helps while a core is free for it), and both times go to the
-  gateway (``measured_service.*`` overrides, :data:`MEASURED_PREFIX`), which exports them for the
-  analysis' scale-out model.
+* a slot fault (true stage ``queue``): :mod:`slot_probe` (one request's streamed time with every slot
+  busy sets the rate and threshold; the lever's servers are timed at every occupancy for the
+  scale-out model; the run lasts at least SLOT_RUN_ARRIVALS arrivals).
 
-Times are llama.cpp's own (``timings.prompt_ms``, ``timings.predicted_ms``), on servers with the
-scenario's settings, one thread each, after a warm-up request. Scenarios without such a fault (healthy)
+Prompt and decode times are llama.cpp's own (``timings.prompt_ms``, the streamed gaps), on servers with
+the scenario's settings, one thread each, after a warm-up request. Scenarios without such a fault (healthy)
 are not sized.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import itertools
-import json
 import statistics
-import tempfile
-import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from stagescope import names as N
 from stagescope.errors import UserError
+from stagescope.service.llama_cpp.probe import config as _config
+from stagescope.service.llama_cpp.probe import probe_servers as _probe_servers
+from stagescope.service.llama_cpp.probe import probe_text as _probe_text
+from stagescope.service.llama_cpp.probe import stream_gaps as _stream_gaps
+from stagescope.service.llama_cpp.probe import timings as _timings
+from stagescope.service.llama_cpp.slot_probe import (
+    MEASURED_PREFIX,
+    SLOT_PROBE_ROUNDS,
+    SLOT_RUN_ARRIVALS,
+    SLOTS_OVERLOAD,
+    TTFT_SLO_OVER_SERVICE,
+    size_slots,
+    slot_load,
+)
 from stagescope.service.scenarios import Scenario
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "PROBE_TOKENS",
     "SLOTS_OVERLOAD",
     "SLOT_PROBE_ROUNDS",
+    "SLOT_RUN_ARRIVALS",
     "TTFT_SLO_OVER_SERVICE",
     "decode_load",
     "sizing",
@@ -83,77 +86,6 @@ DECODE_LOAD_SHARE = 0.75
 #: (The scenario's SLO is a p95: at p99 the gateway path's scatter in a run, 40 ms at 10 slots here,
 #: took more than half of any threshold the 16-slot run breached.)
 ITL_SLO_OVER_STEP = 2.0
-#: The slot fault's arrival rate over the capacity of the server's slots.
-SLOTS_OVERLOAD = 1.5
-#: The slot fault's TTFT threshold over one request's service time (every slot busy).
-TTFT_SLO_OVER_SERVICE = 2.0
-#: Rounds of the slot probe, alternating between the scenario's servers and the lever's; the medians
-#: count. The machine's other load moves within a minute: one round of each once gave the lever's
-#: servers 1.76x the time per request, and the lever run a minute later held its slots 0.91x as long.
-SLOT_PROBE_ROUNDS = 3
-#: An override so named is a measurement the gateway exports (serve ``--measured-service``), not an engine
-#: setting: ``measured_service.<variant>`` = one request's service time in s with every slot busy, as
-#: served (``serving``) and with the lever's servers (``scale-out``), for the analysis' scale-out model.
-MEASURED_PREFIX = "measured_service."
-
-_PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
-                "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
-
-
-def _probe_text(words: int, key: int) -> str:
-    """About ``words`` tokens of plain English words (a different text per ``key``); fits use the
-    token counts llama.cpp reports (``prompt_n``, ``predicted_n``), not this estimate."""
-    n = len(_PROBE_WORDS)
-    return " ".join(_PROBE_WORDS[(k * (key + 3) + k // n) % n] for k in range(words))
-
-
-@contextlib.contextmanager
-def _probe_servers(cfg: Any) -> Iterator[list[str]]:
-    """``cfg.replicas`` llama-servers with settings ``cfg``, ready; their URLs. Stopped on exit."""
-    from stagescope.service.llama_cpp.build import ensure_server
-    from stagescope.service.llama_cpp.gguf_model import ensure_model
-    from stagescope.service.llama_cpp.server import LlamaServer
-
-    build = ensure_server()
-    model = ensure_model(build.vocab())
-    with tempfile.TemporaryDirectory(prefix="stagescope-llama-probe-") as tmp:
-        servers: list[LlamaServer] = []
-        try:
-            for i in range(cfg.replicas):
-                servers.append(LlamaServer(build.server, model.path, cfg, log=Path(tmp) / f"llama-server-{i}.log"))
-            for s in servers:
-                s.wait_ready()
-            yield [s.url for s in servers]
-        except OSError as exc:
-            raise UserError(f"llama.cpp: the sizing probe failed: {exc}") from None
-        finally:
-            for s in servers:
-                s.stop()
-
-
-def _timings(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """llama.cpp's ``timings`` of one completion (no prompt cache, every token generated)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "cache_prompt": False, "ignore_eos": True}
-    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        t = json.loads(r.read()).get("timings") or {}
-    if not t.get("prompt_n") or not t.get("prompt_ms") or not t.get("predicted_n") or not t.get("predicted_ms"):
-        raise UserError("llama.cpp: the sizing probe got no timings (prompt_n, prompt_ms, predicted_*) back")
-    return dict(t)
-
-
-def _together(jobs: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
-    """The timings of ``(url, prompt, max_tokens)`` completions sent at once (they decode together)."""
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        return list(ex.map(lambda j: _timings(*j), jobs))
-
-
-def _config(sc: Scenario, *, apply_lever: bool = False, **over: int) -> Any:
-    from stagescope.service.llama_cpp.serve import scenario_config
-
-    cfg = scenario_config(sc.name, apply_lever=apply_lever)
-    return dataclasses.replace(cfg, **over) if over else cfg
-
 
 # -- long prompts ------------------------------------------------------------------------------------
 
@@ -224,32 +156,6 @@ def decode_load(
     return rate, ITL_SLO_OVER_STEP * (a + b * slots / 2.0)
 
 
-def _stream_gaps(url: str, prompt: str, max_tokens: int) -> tuple[list[float], float]:
-    """``(gaps between streamed tokens in ms, as the client sees them, llama.cpp's prompt_ms)`` of one
-    streamed completion (no prompt cache, every token generated)."""
-    import http.client
-    import time
-    import urllib.parse
-
-    u = urllib.parse.urlsplit(url)
-    body = {"prompt": prompt, "max_tokens": max_tokens, "cache_prompt": False, "ignore_eos": True, "stream": True}
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
-    stamps: list[float] = []
-    prompt_ms = 0.0
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        for line in conn.getresponse():
-            if line.startswith(b"data: {"):
-                stamps.append(time.monotonic())
-                t = json.loads(line[6:]).get("timings") or {}
-                prompt_ms = float(t.get("prompt_ms") or prompt_ms)
-    finally:
-        conn.close()
-    if len(stamps) < 3:
-        raise UserError("llama.cpp: the sizing probe's stream returned fewer than 3 tokens")
-    return [(b - a) * 1000.0 for a, b in itertools.pairwise(stamps[1:])], prompt_ms  # 1st gap: the prompt
-
-
 def _decode_gaps(sc: Scenario) -> tuple[list[tuple[int, float]], float]:
     """``([(streams, median gap ms)], prompt ms)``:
     DECODE_PROBE_SHARES of the slots streaming together from a server with scenario ``sc``'s settings."""
@@ -286,63 +192,6 @@ def _size_decode(sc: Scenario) -> tuple[dict[str, Any], str]:
     )
 
 
-# -- slots: one request's service time -------------------------------------------------------------
-
-
-def slot_load(service_s: float, *, slots: int) -> tuple[float, float]:
-    """``(arrival rate /s, TTFT threshold ms)`` for a slot fault: SLOTS_OVERLOAD x the capacity of
-    ``slots`` slots that each serve a request in ``service_s``, and TTFT_SLO_OVER_SERVICE x that time."""
-    if service_s <= 0:
-        raise UserError(f"llama.cpp: a request's service time must be positive, got {service_s:g} s")
-    return SLOTS_OVERLOAD * slots / service_s, TTFT_SLO_OVER_SERVICE * service_s * 1000.0
-
-
-def _busy_round(urls: list[str], slots: int, sc: Scenario, key: int) -> float:
-    """One request's service time (s, llama.cpp's prompt + generation time, the median request) with
-    every one of ``slots`` slots of the servers at ``urls`` busy with scenario ``sc``'s requests at once."""
-    w = sc.workload
-    jobs = [(u, _probe_text(w.prompt_tokens, key + i * slots + k), w.max_tokens)
-            for i, u in enumerate(urls) for k in range(slots)]  # fmt: skip
-    got = _together(jobs)
-    return statistics.median(float(t["prompt_ms"]) + float(t["predicted_ms"]) for t in got) / 1000.0
-
-
-def _service_s(cfg: Any, lever: Any, sc: Scenario) -> tuple[float, float]:
-    """``(as served, with the lever)``: one request's service time (s) with every slot busy, on servers
-    with ``cfg``'s and with ``lever``'s settings, the median of SLOT_PROBE_ROUNDS rounds that alternate
-    between the two (all servers start first and idle between rounds), so a change in the machine's
-    other load between them moves both alike."""
-    w = sc.workload
-    with _probe_servers(cfg) as now, _probe_servers(lever) as new:
-        for u in (*now, *new):
-            _timings(u, _probe_text(w.prompt_tokens, 0), 4)
-        a, b = [], []
-        for r in range(SLOT_PROBE_ROUNDS):
-            a.append(_busy_round(now, cfg.parallel, sc, 100 * r + 1))
-            b.append(_busy_round(new, lever.parallel, sc, 100 * r + 51))
-    return statistics.median(a), statistics.median(b)
-
-
-def _size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
-    cfg = _config(sc)
-    lever = _config(sc, apply_lever=True)
-    service, lever_service = _service_s(cfg, lever, sc)
-    rate, ttft = slot_load(service, slots=cfg.parallel * cfg.replicas)
-    rate, ttft = round(rate, 1), float(max(10, round(ttft, -1)))
-    lever_cap = lever.parallel * lever.replicas / lever_service
-    spec = f"{sc.slo.sli}:p{sc.slo.objective * 100:g}<{ttft:g}ms"
-    measured = {f"{MEASURED_PREFIX}{N.VARIANT_SERVING}": round(service, 4),
-                f"{MEASURED_PREFIX}{sc.lever}": round(lever_service, 4)}  # fmt: skip
-    return {"scenario.rate_rps": rate, "scenario.slo_spec": spec, **measured}, (
-        f"slot load sized to this machine now: a request takes {service * 1000:.0f} ms with all "
-        f"{cfg.parallel * cfg.replicas} slots busy, so {rate:g} requests/s ({SLOTS_OVERLOAD:g} x their capacity) "
-        f"and SLO {spec} ({TTFT_SLO_OVER_SERVICE:g} x that time); the lever's {lever.replicas} servers took "
-        f"{lever_service * 1000:.0f} ms each with all {lever.parallel * lever.replicas} slots busy: "
-        f"{lever_cap:.2f} requests/s, {rate / lever_cap:.0%} busy at that rate; the same in the lever check, and "
-        "both times go to the scale-out model (exported by the gateway)"
-    )
-
-
 def sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
     """Overrides sizing scenario ``sc`` to this machine now, and what they are in one line (see the
     module docstring); ``({}, None)`` for a scenario without a fault to size."""
@@ -351,5 +200,5 @@ def sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
     if sc.true_stage == N.STAGE_DECODE and sc.slo.sli == N.SLI_ITL:
         return _size_decode(sc)
     if sc.true_stage == N.STAGE_QUEUE:
-        return _size_slots(sc)
+        return size_slots(sc)
     return {}, None

@@ -1,0 +1,182 @@
+"""Probe llama-servers for the sizing (:mod:`sizing`, :mod:`slot_probe`): start servers with a
+scenario's settings, send plain-word prompts, read llama.cpp's ``timings`` or the streamed tokens as a
+client sees them. Nothing here is recorded; prompts are generated words, not user content."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from stagescope import names as N
+from stagescope.errors import UserError
+from stagescope.service.scenarios import Scenario
+
+__all__ = [
+    "GATEWAY_READY_S",
+    "config",
+    "probe_gateway",
+    "probe_servers",
+    "probe_text",
+    "stream_gaps",
+    "stream_hold_s",
+    "timings",
+    "together",
+]
+
+#: Seconds the probe's gateway has to answer ``/readyz`` (it imports FastAPI, OpenTelemetry and the servers' check).
+GATEWAY_READY_S = 60.0
+
+_PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
+                "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
+
+
+def probe_text(words: int, key: int) -> str:
+    """About ``words`` tokens of plain English words (a different text per ``key``); fits use the
+    token counts llama.cpp reports (``prompt_n``, ``predicted_n``), not this estimate."""
+    n = len(_PROBE_WORDS)
+    return " ".join(_PROBE_WORDS[(k * (key + 3) + k // n) % n] for k in range(words))
+
+
+@contextlib.contextmanager
+def probe_servers(cfg: Any) -> Iterator[list[str]]:
+    """``cfg.replicas`` llama-servers with settings ``cfg``, ready; their URLs. Stopped on exit."""
+    from stagescope.service.llama_cpp.build import ensure_server
+    from stagescope.service.llama_cpp.gguf_model import ensure_model
+    from stagescope.service.llama_cpp.server import LlamaServer
+
+    build = ensure_server()
+    model = ensure_model(build.vocab())
+    with tempfile.TemporaryDirectory(prefix="stagescope-llama-probe-") as tmp:
+        servers: list[LlamaServer] = []
+        try:
+            for i in range(cfg.replicas):
+                servers.append(LlamaServer(build.server, model.path, cfg, log=Path(tmp) / f"llama-server-{i}.log"))
+            for s in servers:
+                s.wait_ready()
+            yield [s.url for s in servers]
+        except OSError as exc:
+            raise UserError(f"llama.cpp: the sizing probe failed: {exc}") from None
+        finally:
+            for s in servers:
+                s.stop()
+
+
+def timings(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """llama.cpp's ``timings`` of one completion (no prompt cache, every token generated)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "cache_prompt": False, "ignore_eos": True}
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        t = json.loads(r.read()).get("timings") or {}
+    if not t.get("prompt_n") or not t.get("prompt_ms") or not t.get("predicted_n") or not t.get("predicted_ms"):
+        raise UserError("llama.cpp: the sizing probe got no timings (prompt_n, prompt_ms, predicted_*) back")
+    return dict(t)
+
+
+def together(jobs: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    """The timings of ``(url, prompt, max_tokens)`` completions sent at once (they decode together)."""
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        return list(ex.map(lambda j: timings(*j), jobs))
+
+
+def config(sc: Scenario, *, apply_lever: bool = False, **over: int) -> Any:
+    """The engine settings of scenario ``sc`` (with its lever's change), with ``over`` replaced."""
+    from stagescope.service.llama_cpp.serve import scenario_config
+
+    cfg = scenario_config(sc.name, apply_lever=apply_lever)
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+def _stream(url: str, prompt: str, max_tokens: int) -> tuple[float, list[float], dict[str, Any], str | None]:
+    """``(send time, each streamed token's arrival, llama.cpp's final timings, the replica that served
+    it where a gateway says so)`` of one streamed completion (monotonic seconds; no prompt cache, every
+    token generated)."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    body = {"prompt": prompt, "max_tokens": max_tokens, "cache_prompt": False, "ignore_eos": True, "stream": True}
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120)
+    stamps: list[float] = []
+    last: dict[str, Any] = {}
+    try:
+        sent = time.monotonic()
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        replica = resp.getheader(N.HEADER_REPLICA)
+        for line in resp:
+            if line.startswith(b"data: {"):
+                stamps.append(time.monotonic())
+                last = json.loads(line[6:]).get("timings") or last
+    finally:
+        conn.close()
+    if len(stamps) < 3:
+        raise UserError("llama.cpp: the sizing probe's stream returned fewer than 3 tokens")
+    return sent, stamps, last, replica
+
+
+def stream_gaps(url: str, prompt: str, max_tokens: int) -> tuple[list[float], float]:
+    """``(gaps between streamed tokens in ms, as the client sees them, llama.cpp's prompt_ms)`` of one
+    streamed completion (no prompt cache, every token generated)."""
+    _, stamps, t, _ = _stream(url, prompt, max_tokens)
+    return [(b - a) * 1000.0 for a, b in itertools.pairwise(stamps[1:])], float(t.get("prompt_ms") or 0.0)  # 1st gap: the prompt
+
+
+def stream_hold_s(url: str, prompt: str, max_tokens: int) -> tuple[float, str | None]:
+    """``(seconds, replica)``: how long one streamed completion holds its slot as a streaming client
+    sees it, sent -> last token, and the replica that served it where ``url`` is a gateway
+    (:func:`probe_gateway`). This is how a run's requests are served (the load generator streams every
+    token through the gateway) and what the scale-out model scales (a request's first prefill start ->
+    last decode end); llama.cpp's own ``timings`` leave out the per-token streaming and its relay,
+    whose CPU competes for the machine's cores once more streams run at once."""
+    sent, stamps, _, replica = _stream(url, prompt, max_tokens)
+    return stamps[-1] - sent, replica
+
+
+@contextlib.contextmanager
+def probe_gateway(urls: list[str], slots: int) -> Iterator[str]:
+    """The stagescope gateway (``serve --upstream``, a child process, no spans written) in front of the
+    servers at ``urls`` with ``slots`` slots each, ready; its URL. Stopped on exit. The probe's requests
+    then take the path a run's requests take: admission, the relay of every streamed token."""
+    import signal
+    import subprocess
+    import sys
+
+    from stagescope.service.llama_cpp.server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "stagescope.service.llama_cpp.serve", "--host", "127.0.0.1", "--port", str(port),
+           "--slots", str(slots), *itertools.chain.from_iterable(("--upstream", u) for u in urls)]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + GATEWAY_READY_S
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                    raise UserError(f"llama.cpp: the sizing probe's gateway exited ({proc.returncode}): {tail[0]}")
+                with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2.0) as r:
+                    if r.status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise UserError(f"llama.cpp: the sizing probe's gateway was not ready in {GATEWAY_READY_S:g} s")
+                time.sleep(0.2)
+            yield url
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -1,0 +1,180 @@
+"""Size a slot fault (true stage ``queue``: every slot busy, requests wait) to this machine now, and
+measure what the scale-out model needs: how long a request holds a slot on the lever's servers at each
+occupancy of the machine.
+
+* As served: one request's time holding a slot with every slot of the scenario's servers busy (``S``);
+  the arrival rate is SLOTS_OVERLOAD x those slots' capacity, and the TTFT threshold
+  TTFT_SLO_OVER_SERVICE x ``S`` (:func:`slot_load`).
+* With the lever (a second server): ``n`` requests at once for every ``n`` from 1 to all the lever's
+  slots, through a gateway that places them as in a run (the replica with the most free slots first)
+  and says where (its replica header), and each request's time read by the replica's occupancy: ``T(own, others)``, its own server's busy slots and
+  the other servers'. On a machine whose cores the servers share, a request on one server slows when
+  the other server decodes too, and the lever run's servers are not always both full: the scale-out
+  model (analysis.llm_levers.slot_scale_out) replays the arrivals with each request's speed following
+  the occupancy at each moment (analysis.queueing.replay_shared).
+
+Times are taken as a streaming client sees them through the stagescope gateway (probe.probe_gateway,
+probe.stream_hold_s: sent -> last token), the way the run's load generator is served and its slot
+times recorded; llama.cpp's own ``timings`` leave out the per-token streaming and its relay. One probe on this machine, load average about 3 (other engineers' work): the
+lever's servers with every slot busy took 1.6-2.1x as long as today's server by llama.cpp's timings
+(non-streaming), 1.2-1.3x streamed; the lever runs held their slots 1.1-1.3x as long. Rounds alternate
+between today's servers and the lever's, and the medians count, so a change in the machine's other
+load between them moves both alike. All times go to the gateway (``measured_service.*`` overrides,
+:data:`MEASURED_PREFIX`), which exports them for the analysis.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from stagescope import names as N
+from stagescope.errors import UserError
+from stagescope.service.llama_cpp.probe import (
+    config,
+    probe_gateway,
+    probe_servers,
+    probe_text,
+    stream_hold_s,
+    timings,
+)
+from stagescope.service.scenarios import Scenario
+
+__all__ = [
+    "MEASURED_PREFIX",
+    "OCCUPANCY_MARK",
+    "SLOTS_OVERLOAD",
+    "SLOT_PROBE_ROUNDS",
+    "SLOT_RUN_ARRIVALS",
+    "SLOT_RUN_MAX_S",
+    "TTFT_SLO_OVER_SERVICE",
+    "occupancy_key",
+    "parse_occupancy_key",
+    "size_slots",
+    "slot_load",
+]
+
+#: The slot fault's arrival rate over the capacity of the server's slots. The queue grows by
+#: ``1 - 1 / SLOTS_OVERLOAD`` of the elapsed time: at 1.5 a 45 s run on a machine slower than its probe
+#: had 35 of 81 requests wait past the load generator's 30 s timeout (closed, no sample). At 1.25 the
+#: last arrivals of a run wait about a fifth of it, the TTFT p95 is still several times the threshold,
+#: and the lever's doubled slots run at 62 % of their nominal capacity, which leaves room for the second
+#: server's slowdown on a machine whose cores it shares.
+SLOTS_OVERLOAD = 1.25
+#: The slot fault's TTFT threshold over one request's service time (every slot busy).
+TTFT_SLO_OVER_SERVICE = 2.0
+#: Rounds of the slot probe, alternating between the scenario's servers and the lever's; the medians
+#: count. The machine's other load moves within a minute: one round of each once gave the lever's
+#: servers 1.76x the time per request, and the lever run a minute later held its slots 0.91x as long.
+SLOT_PROBE_ROUNDS = 3
+#: A slot fault's run lasts long enough for this many arrivals at the sized rate (the demo's runs are
+#: at least that long): a 12 s run had 28, so its TTFT p95 was the second-longest wait, and a
+#: bootstrap of one lever run's p95 spanned 2,177-3,197 ms (5-95 %) around 2,737 ms. With 80 the p95
+#: is the 4th-longest.
+SLOT_RUN_ARRIVALS = 80
+#: ... but at most this long (s): a slow machine's low rate would otherwise ask for minutes.
+SLOT_RUN_MAX_S = 60.0
+#: An override so named is a measurement the gateway exports (serve ``--measured-service``), not an engine
+#: setting: ``measured_service.<variant>`` = one request's service time in s with every slot busy, as
+#: served (``serving``) and with the lever's servers (``scale-out``), for the analysis' scale-out model;
+#: ``measured_service.<variant>@<own>+<others>`` the same at that occupancy (:func:`occupancy_key`).
+MEASURED_PREFIX = "measured_service."
+#: Separates the variant from the occupancy in a measured-service key (``scale-out@2+1``).
+OCCUPANCY_MARK = "@"
+
+
+def occupancy_key(variant: str, own: int, others: int) -> str:
+    """``variant@own+others``: the measured-service key of a request's time with ``own`` busy slots on
+    its server and ``others`` on the other servers."""
+    return f"{variant}{OCCUPANCY_MARK}{own}+{others}"
+
+
+def parse_occupancy_key(key: str) -> tuple[str, int, int] | None:
+    """``(variant, own, others)`` of an :func:`occupancy_key`; None for a plain variant; a UserError for
+    a malformed one (own at least 1, others at least 0)."""
+    variant, mark, occ = key.partition(OCCUPANCY_MARK)
+    if not mark:
+        return None
+    own, plus, others = occ.partition("+")
+    if not variant or not plus or not own.isdigit() or not others.isdigit() or int(own) < 1:
+        raise UserError(f"--measured-service {key!r}: expected VARIANT@OWN+OTHERS busy slots, e.g. scale-out@2+1")
+    return variant, int(own), int(others)
+
+
+def slot_load(service_s: float, *, slots: int) -> tuple[float, float]:
+    """``(arrival rate /s, TTFT threshold ms)`` for a slot fault: SLOTS_OVERLOAD x the capacity of
+    ``slots`` slots that each serve a request in ``service_s``, and TTFT_SLO_OVER_SERVICE x that time."""
+    if service_s <= 0:
+        raise UserError(f"llama.cpp: a request's service time must be positive, got {service_s:g} s")
+    return SLOTS_OVERLOAD * slots / service_s, TTFT_SLO_OVER_SERVICE * service_s * 1000.0
+
+
+def _holds(gateway: str, n: int, sc: Scenario, key: int) -> list[tuple[float, int]]:
+    """``[(streamed slot time s, replica)]`` of ``n`` of scenario ``sc``'s requests sent at once through
+    the probe's ``gateway`` (which places them, and says where)."""
+    w = sc.workload
+    with ThreadPoolExecutor(n) as ex:
+        got = list(ex.map(lambda i: stream_hold_s(gateway, probe_text(w.prompt_tokens, key + i), w.max_tokens), range(n)))
+    if any(r is None or not r.isdigit() for _, r in got):
+        raise UserError("llama.cpp: the sizing probe's gateway did not say which replica served a request")
+    return [(secs, int(str(r))) for secs, r in got]
+
+
+def _occupancy_round(gateway: str, replicas: int, slots: int, sc: Scenario, key: int) -> dict[tuple[int, int], float]:
+    """``{(own, others): median s}`` from ``n`` = 1 .. every slot of the gateway's servers at once."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for n in range(1, replicas * slots + 1):
+        got = _holds(gateway, n, sc, key + 10 * n)
+        for secs, r in got:
+            own = sum(1 for _, x in got if x == r)
+            out.setdefault((own, n - own), []).append(secs)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def _measure(cfg: Any, lever: Any, sc: Scenario) -> tuple[float, dict[tuple[int, int], float]]:
+    """``(S, {(own, others): s})``: today's servers with every slot busy, and the lever's servers at each
+    occupancy, each behind its own gateway; the medians of SLOT_PROBE_ROUNDS alternating rounds (all
+    servers and gateways start first)."""
+    w = sc.workload
+    with probe_servers(cfg) as now, probe_servers(lever) as new, probe_gateway(now, cfg.parallel) as g_now, \
+            probe_gateway(new, lever.parallel) as g_new:  # fmt: skip
+        for u in (*now, *new):
+            timings(u, probe_text(w.prompt_tokens, 0), 4)  # warm-up
+        served: list[float] = []
+        table: dict[tuple[int, int], list[float]] = {}
+        for r in range(SLOT_PROBE_ROUNDS):
+            served.append(statistics.median(s for s, _ in _holds(g_now, cfg.parallel * cfg.replicas, sc, 1000 * r + 1)))
+            for k, v in _occupancy_round(g_new, lever.replicas, lever.parallel, sc, 1000 * r + 501).items():
+                table.setdefault(k, []).append(v)
+    return statistics.median(served), {k: statistics.median(v) for k, v in sorted(table.items())}
+
+
+def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
+    """The slot fault's overrides (rate, SLO, the measured times for the gateway) and one line saying them."""
+    cfg = config(sc)
+    lever = config(sc, apply_lever=True)
+    service, table = _measure(cfg, lever, sc)
+    full = (lever.parallel, (lever.replicas - 1) * lever.parallel)
+    if full not in table:
+        raise UserError(f"llama.cpp: the sizing probe never had every slot of the lever's servers busy ({sorted(table)})")
+    lever_service = table[full]
+    rate, ttft = slot_load(service, slots=cfg.parallel * cfg.replicas)
+    rate, ttft = round(rate, 1), float(max(10, round(ttft, -1)))
+    lever_cap = lever.parallel * lever.replicas / lever_service
+    spec = f"{sc.slo.sli}:p{sc.slo.objective * 100:g}<{ttft:g}ms"
+    measured = {f"{MEASURED_PREFIX}{N.VARIANT_SERVING}": round(service, 4),
+                f"{MEASURED_PREFIX}{sc.lever}": round(lever_service, 4)}  # fmt: skip
+    for (own, others), secs in table.items():
+        measured[MEASURED_PREFIX + occupancy_key(str(sc.lever), own, others)] = round(secs, 4)
+    seen = ", ".join(f"{own}+{others} busy {secs * 1000:.0f}" for (own, others), secs in table.items())
+    run_s = float(min(SLOT_RUN_MAX_S, math.ceil(SLOT_RUN_ARRIVALS / rate)))
+    return {"scenario.rate_rps": rate, "scenario.slo_spec": spec, "run.min_duration_s": run_s, **measured}, (
+        f"slot load sized to this machine now: a request takes {service * 1000:.0f} ms (streamed) with all "
+        f"{cfg.parallel * cfg.replicas} slots busy, so {rate:g} requests/s ({SLOTS_OVERLOAD:g} x their capacity) "
+        f"and SLO {spec} ({TTFT_SLO_OVER_SERVICE:g} x that time); on the lever's {lever.replicas} servers a "
+        f"request took ({seen} ms: its server's busy slots + the others'): {lever_cap:.2f} requests/s with "
+        f"all busy, {rate / lever_cap:.0%} busy at that rate; the same in the lever check, and all these times go "
+        f"to the scale-out model (exported by the gateway); runs of at least {run_s:g} s ({run_s * rate:.0f} arrivals)"
+    )
