@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-__all__ = ["MULTIPROC_ENV", "make_metrics_app", "reap_dead_workers"]
+__all__ = ["MULTIPROC_ENV", "make_metrics_app", "metrics_route", "reap_dead_workers"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -57,6 +57,24 @@ def make_metrics_app(registry: CollectorRegistry | None = None) -> Callable[...,
         await inner(scope, receive, send)
 
     return metrics_app
+
+
+def metrics_route(path: str, endpoint: Any) -> Any:
+    """A Starlette route serving ``endpoint`` at ``path``, out of the OpenAPI schema.
+
+    It sits before the routes an app defines after ``instrument_app``, so each of their requests
+    tries it first; a request path that does not end with ``path`` cannot match it (the route path is
+    the request path less its root path), and a string test says so before Starlette's regex does.
+    """
+    from starlette.routing import Match, Route
+
+    class MetricsRoute(Route):
+        def matches(self, scope: Any) -> tuple[Match, Any]:
+            if scope["type"] == "http" and not scope["path"].endswith(path):
+                return Match.NONE, {}
+            return super().matches(scope)
+
+    return (Route if "{" in path else MetricsRoute)(path, endpoint=endpoint, include_in_schema=False)
 
 
 _LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
