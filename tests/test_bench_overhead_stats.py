@@ -1,4 +1,4 @@
-"""benchmarks/overhead.py's interval for the median ratio: order statistics at binomial ranks."""
+"""benchmarks/overhead.py's interval for the median ratio (overhead_report.py): order statistics at binomial ranks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead_report.py"
 
 
 @pytest.fixture(scope="module")
