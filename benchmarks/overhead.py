@@ -1,33 +1,35 @@
-"""What stagescope costs a FastAPI service: requests/s side by side in one run, printed as ratios.
+"""What stagescope costs a FastAPI service, as paired ratios over many short interleaved rounds.
 
-Each variant is one uvicorn process (``--serve``); a load client in another process (``--client``:
-asyncio, raw HTTP/1.1 keep-alive, ``--connections`` closed-loop connections) counts completed
-requests over ``--duration`` seconds after a warm-up. Variants run interleaved, ``--rounds`` times,
-and the median requests/s of each is reported.
+Variants (servers in benchmarks/overhead_apps.py, each one uvicorn process):
+  trivial endpoint (``POST /predict`` answering a small JSON): (a) ``bare``, no instrumentation;
+  (b) ``stock``, opentelemetry-instrumentation-fastapi with every span exported (BatchSpanProcessor to
+  a null exporter); (c) ``stagescope``, ``instrument_app`` defaults (fast mode, tail sampling, embedded
+  sink, the OpenTelemetry context attached for the handler's own spans), three ``stage()`` blocks per
+  request, metrics for every request;
+  realistic endpoint (a dynamic batcher in front of a SIMULATED accelerator, 5 ms of ``asyncio.sleep``
+  per batch, max batch 8, max wait 2 ms): (d) ``bare-batch``, ``stagescope.DynamicBatcher`` alone;
+  (e) ``stagescope-batch``, the same plus ``instrument_app`` and two stages; (f) ``plain-batch``, a
+  minimal batcher with no stagescope at all.
 
-Trivial endpoint (``POST /predict`` answering a small JSON):
-  (a) ``bare``: no instrumentation;
-  (b) ``stock``: opentelemetry-instrumentation-fastapi, every span exported (BatchSpanProcessor to a
-      null exporter);
-  (c) ``stagescope``: ``instrument_app`` defaults (fast mode, tail sampling, embedded sink), three
-      ``stage()`` blocks per request, metrics for every request.
-Realistic endpoint (``POST /predict`` through a dynamic batcher to a *simulated accelerator*: 5 ms of
-``asyncio.sleep`` per batch, max batch 8, max wait 2 ms, one executor; so at most 1,600 requests/s,
-the accelerator's limit, as in a GPU-bound service):
-  (d) ``bare-batch``: ``stagescope.DynamicBatcher``, no ``instrument_app``, no stages;
-  (e) ``stagescope-batch``: the same plus ``instrument_app`` defaults and preprocess/postprocess stages
-      (so five stages per request with the batcher's batch_wait, queue and compute);
-  (f) ``plain-batch``: for reference, a minimal batcher with the same policy and no stagescope at all.
+How it measures. ``--blocks`` times, one fresh server process per variant is started (a process's own
+speed moves from one start to the next, so several are sampled); in each block ``--rounds`` paired
+rounds run every variant back to back (the order alternates from round to round) for ``--duration``
+seconds each, after ``--warmup`` seconds, with a closed-loop client of ``--connections`` keep-alive
+connections that runs in this process. Per round and variant it records requests/s, the server
+process's own CPU time per request (utime + stime of all its threads, from /proc/<pid>/stat), the
+server's share of a core, and the client's share of its core (if the client's core is full, the
+ratio measures the client, and the script says so). Each round gives a throughput ratio and a
+capacity ratio (bare's CPU per request over the variant's) against its baseline; the script reports
+their medians over all rounds with a distribution-free 95 % interval (order statistics of the
+median, binomial ranks).
 
-One request in 1000 (every variant alike) asks for ``?slow=1`` and sleeps 300 ms: for the stagescope
-variants the script checks that every request slower than the slow threshold (250 ms by default) kept
-its full trace, by comparing the server's own request histogram with the spans in the sink.
+Placement (``--placement``): ``separate`` (default) pins every server to one CPU and the client to
+another with ``os.sched_setaffinity``, so client and server never share a core and the scheduler
+cannot move them onto one; ``same`` pins both to one CPU; ``none`` leaves placement to the kernel.
 
-The stagescope variants include what fast mode does for OpenTelemetry coexistence on every request:
-it looks at the current span (is another instrumentation's span the request's?) and, since none is
-here, attaches an OpenTelemetry context holding the request's ids for the handler's own spans. The
-script first prints that per-request cost measured in-process (best of 5 loops), and the machine's
-load average before each round (the machine may be shared: rerun when it is high).
+One request in 1000 asks for ``?slow=1`` and sleeps 300 ms: for the stagescope variants the script
+checks that every request slower than 250 ms kept its full trace (server histogram against the spans
+in the sink after each block's graceful stop).
 
 Run: ``python benchmarks/overhead.py`` (``make bench``); ``--help`` for options.
 """
@@ -40,13 +42,14 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from overhead_report import PAIRS, pct, report
 
 SLOW_EVERY = 1000
 VARIANTS_TRIVIAL = ("bare", "stock", "stagescope")
@@ -57,170 +60,6 @@ ENV_CLEAR = (
 )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------ server
-def build_app(variant: str, spans_dir: str | None) -> Any:
-    from contextlib import asynccontextmanager
-
-    from fastapi import FastAPI
-
-    batcher: Any = None
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> Any:
-        if batcher is not None:
-            await batcher.start()
-        yield
-        if batcher is not None:
-            await batcher.stop()
-
-    app = FastAPI(lifespan=lifespan)
-
-    async def simulated_accelerator(items: list[Any]) -> list[Any]:
-        await asyncio.sleep(0.005)  # simulated accelerator: 5 ms per batch
-        return [{"y": i} for i in range(len(items))]
-
-    if variant == "bare":
-
-        @app.post("/predict")
-        async def predict_bare(slow: int = 0) -> dict[str, bool]:
-            if slow:
-                await asyncio.sleep(0.3)
-            return {"ok": True}
-
-    elif variant == "stock":
-        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-        class NullExporter(SpanExporter):
-            def export(self, spans: Any) -> SpanExportResult:
-                return SpanExportResult.SUCCESS
-
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(NullExporter()))
-
-        @app.post("/predict")
-        async def predict_stock(slow: int = 0) -> dict[str, bool]:
-            if slow:
-                await asyncio.sleep(0.3)
-            return {"ok": True}
-
-        FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)
-
-    elif variant == "stagescope":
-        import stagescope
-
-        stagescope.instrument_app(app, service_name="bench", spans_dir=spans_dir)
-
-        @app.post("/predict")
-        async def predict_stagescope(slow: int = 0) -> dict[str, bool]:
-            with stagescope.stage("preprocess"):
-                pass
-            with stagescope.stage("compute"):
-                if slow:
-                    await asyncio.sleep(0.3)
-            with stagescope.stage("postprocess"):
-                pass
-            return {"ok": True}
-
-    elif variant in ("plain-batch", "bare-batch"):
-        if variant == "plain-batch":
-            batcher = _MinimalBatcher(simulated_accelerator, max_batch_size=8, max_wait_s=0.002)
-        else:
-            import stagescope
-
-            batcher = stagescope.DynamicBatcher(
-                simulated_accelerator, max_batch_size=8, max_wait_ms=2, model="bench-model"
-            )
-
-        @app.post("/predict")
-        async def predict_bare_batch(slow: int = 0) -> Any:
-            if slow:
-                await asyncio.sleep(0.3)
-            return await batcher.submit(1)
-
-    elif variant == "stagescope-batch":
-        import stagescope
-
-        stagescope.instrument_app(app, service_name="bench", spans_dir=spans_dir, models=["bench-model"])
-        batcher = stagescope.DynamicBatcher(
-            simulated_accelerator, max_batch_size=8, max_wait_ms=2, model="bench-model"
-        )
-
-        @app.post("/predict")
-        async def predict_stagescope_batch(slow: int = 0) -> Any:
-            rec = stagescope.current_request()
-            if rec is not None:
-                rec.model = "bench-model"
-            with stagescope.stage("preprocess"):
-                if slow:
-                    await asyncio.sleep(0.3)
-            out = await batcher.submit(1)
-            with stagescope.stage("postprocess"):
-                pass
-            return out
-
-    else:
-        raise SystemExit(f"unknown variant {variant!r}")
-    return app
-
-
-class _MinimalBatcher:
-    """The bare baseline: same batching policy as DynamicBatcher (close at max size or max wait after
-    the first item, one executor), no telemetry."""
-
-    def __init__(self, run_batch: Any, *, max_batch_size: int, max_wait_s: float) -> None:
-        self.run_batch = run_batch
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_s
-        self._open: list[tuple[Any, asyncio.Future[Any]]] = []
-        self._closed: asyncio.Queue[list[tuple[Any, asyncio.Future[Any]]]] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._closed = asyncio.Queue()
-        self._task = asyncio.create_task(self._executor())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    def _close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._open and self._closed is not None:
-            self._closed.put_nowait(self._open)
-            self._open = []
-
-    async def submit(self, item: Any) -> Any:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._open.append((item, fut))
-        if len(self._open) >= self.max_batch_size:
-            self._close()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._close)
-        return await fut
-
-    async def _executor(self) -> None:
-        assert self._closed is not None
-        while True:
-            batch = await self._closed.get()
-            results = await self.run_batch([i for i, _ in batch])
-            for (_, fut), res in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(res)
-
-
-def serve(variant: str, port: int, spans_dir: str | None) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        build_app(variant, spans_dir), host="127.0.0.1", port=port, log_level="warning", access_log=False
-    )
-
-
 # ------------------------------------------------------------------------------------------ client
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
@@ -228,9 +67,21 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_stat() -> dict[int, list[int]]:
+    """Per CPU, /proc/stat's jiffies: user nice system idle iowait irq softirq steal."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            f = line.split()
+            out[int(f[0][3:])] = [int(x) for x in f[1:9]]
+    return out
+
+
 async def _client(
-    port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int
-) -> dict[str, Any]:
+    port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int, server_cpu: int | None
+) -> dict[str, float]:
+    """One closed-loop measurement: requests/s, server CPU us per request, server and client core shares,
+    and on the server's CPU (when pinned) the share other processes took and the hypervisor's steal."""
     body = b'{"x": 1}'
     head = b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n"
     normal, slow = head % b"/predict" + body, head % b"/predict?slow=1" + body
@@ -259,26 +110,31 @@ async def _client(
                 counts[i] += 1
         writer.close()
 
-    async def cpu_window() -> tuple[float, float]:
+    async def cpu_window() -> tuple[float, float, float, float, dict[int, list[int]], dict[int, list[int]]]:
         await asyncio.sleep(measure_from - time.perf_counter())
-        c0 = _cpu_seconds(server_pid)
+        c0, p0, s0 = _cpu_seconds(server_pid), time.process_time(), _cpu_stat()
         await asyncio.sleep(stop_at - time.perf_counter())
-        return c0, _cpu_seconds(server_pid)
+        return c0, _cpu_seconds(server_pid), p0, time.process_time(), s0, _cpu_stat()
 
     window = asyncio.ensure_future(cpu_window())
     await asyncio.gather(*(conn(i) for i in range(connections)))
-    c0, c1 = await window
+    c0, c1, p0, p1, s0, s1 = await window
     n = sum(counts)
-    return {
-        "requests": n,
+    out = {
         "rps": n / duration_s,
         "cpu_us": (c1 - c0) / max(n, 1) * 1e6,
         "cpu_share": (c1 - c0) / duration_s,
+        "client_share": (p1 - p0) / duration_s,
+        "others_share": float("nan"),
+        "steal_share": float("nan"),
     }
-
-
-def run_client(port: int, connections: int, warmup_s: float, duration_s: float, server_pid: int) -> None:
-    print(json.dumps(asyncio.run(_client(port, connections, warmup_s, duration_s, server_pid))))
+    if server_cpu is not None and server_cpu in s0 and server_cpu in s1:
+        d = [b - a for a, b in zip(s0[server_cpu], s1[server_cpu], strict=True)]
+        tick = os.sysconf("SC_CLK_TCK") * duration_s
+        busy = (d[0] + d[1] + d[2] + d[5] + d[6]) / tick
+        out["others_share"] = max(0.0, busy - out["cpu_share"])
+        out["steal_share"] = d[7] / tick
+    return out
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -382,56 +238,154 @@ def _sink_traces(spans_dir: Path, threshold_ns: int) -> tuple[int, int, int]:
     return len(servers), len(slow), len(complete)
 
 
-def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
-    port = _free_port()
-    spans_dir = tempfile.mkdtemp(prefix=f"stagescope-bench-{variant}-")
-    env = {k: v for k, v in os.environ.items() if k not in ENV_CLEAR}
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", variant, "--port", str(port), "--spans-dir", spans_dir], env=env
+def _placement(mode: str) -> tuple[set[int] | None, set[int] | None, str]:
+    """(server CPUs, client CPUs, what was done) for ``--placement``."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode == "none":
+        return None, None, f"not pinned (kernel's choice among CPUs {cpus})"
+    if mode == "same" or len(cpus) < 2:
+        how = "both on" if mode == "same" else "only one CPU available: both on"
+        return {cpus[0]}, {cpus[0]}, f"server and client pinned {how} CPU {cpus[0]}"
+    return (
+        {cpus[0]},
+        {cpus[1]},
+        f"servers pinned to CPU {cpus[0]}, client to CPU {cpus[1]} (sched_setaffinity)",
     )
+
+
+class _Server:
+    """One variant's uvicorn process for one block."""
+
+    def __init__(self, variant: str, cpus: set[int] | None) -> None:
+        self.variant, self.cpus = variant, cpus
+        self.port = _free_port()
+        self.spans_dir = tempfile.mkdtemp(prefix=f"stagescope-bench-{variant}-")
+        env = {k: v for k, v in os.environ.items() if k not in ENV_CLEAR}
+        cmd = [
+            sys.executable,
+            __file__,
+            "--serve",
+            variant,
+            "--port",
+            str(self.port),
+            "--spans-dir",
+            self.spans_dir,
+        ]
+        if cpus is not None:
+            cmd += ["--cpus", ",".join(map(str, sorted(cpus)))]
+        self.proc = subprocess.Popen(cmd, env=env)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _measure(server: _Server, args: argparse.Namespace, warmup_s: float) -> dict[str, float]:
+    cpu = min(server.cpus) if server.cpus else None
+    return asyncio.run(_client(server.port, args.connections, warmup_s, args.duration, server.proc.pid, cpu))
+
+
+def run_block(block: int, variants: list[str], args: argparse.Namespace, cpus: set[int] | None,
+              rounds: list[dict[str, dict[str, float]]]) -> bool:  # fmt: skip
+    """Start fresh servers, warm them, run ``args.rounds`` paired rounds into ``rounds``, stop them and
+    check the slow requests' traces; True when every slow request kept its full trace."""
+    servers = {v: _Server(v, cpus) for v in variants}
+    ok = True
     try:
-        _wait_ready(port, server)
-        out = subprocess.run(
-            [sys.executable, __file__, "--client", "--port", str(port), "--connections", str(args.connections),
-             "--warmup", str(args.warmup), "--duration", str(args.duration), "--server-pid", str(server.pid)],
-            check=True, capture_output=True, text=True, env=env,
-        )  # fmt: skip
-        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        if variant.startswith("stagescope"):
-            result["slow_requests"] = _scrape_slow(port, 0.25)
+        for s in servers.values():
+            _wait_ready(s.port, s.proc)
+        for s in servers.values():
+            _measure(s, args, args.block_warmup)
+        for r in range(args.rounds):
+            i = len(rounds)
+            order = variants if i % 2 == 0 else variants[::-1]
+            got = {v: _measure(servers[v], args, args.warmup) for v in order}
+            rounds.append(got)
+            cells = "  ".join(
+                f"{v} {x['rps']:5.0f}/s {x['cpu_us']:4.0f}us {100 * x['cpu_share']:3.0f}%|c{100 * x['client_share']:.0f}%"
+                f"|o{pct(x['others_share'])}|st{pct(x['steal_share'])}"
+                for v, x in got.items()
+            )
+            ratios = "  ".join(
+                f"{v}/{b} {got[v]['rps'] / got[b]['rps']:.3f},{got[b]['cpu_us'] / got[v]['cpu_us']:.3f}"
+                for _, v, b, _ in PAIRS
+                if v in got and b in got
+            )
+            print(f"b{block + 1} r{r + 1:<2d} {_load_short()}  {cells}  ratios {ratios}", flush=True)
+        slow = {v: _scrape_slow(s.port, 0.25) for v, s in servers.items() if v.startswith("stagescope")}
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    if variant.startswith("stagescope"):  # after shutdown: the sink has flushed everything
-        n, slow, complete = _sink_traces(Path(spans_dir), 250_000_000)
-        result.update(traces=n, slow_traces=slow, slow_traces_complete=complete)
-    return result
+        for s in servers.values():
+            s.stop()
+    for v, n_slow in slow.items():  # after the graceful stop: the sink has flushed everything
+        n, _, complete = _sink_traces(Path(servers[v].spans_dir), 250_000_000)
+        print(
+            f"b{block + 1} {v}: traces kept {n}; slower than 250 ms: {n_slow} requests, {complete} full traces"
+        )
+        ok = ok and complete >= n_slow
+    return ok
+
+
+def _autogroup() -> str:
+    """This process's autogroup and its nice (Linux with autogroup scheduling: ``nice`` only orders
+    processes of one session; between sessions the autogroup's own nice decides, see sched(7))."""
+    try:
+        return "autogroup " + Path("/proc/self/autogroup").read_text().strip().split("/", 1)[-1]
+    except OSError:
+        return "no autogroup"
+
+
+def _load_short() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _cpu_mhz() -> str:
+    try:
+        mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
+               if line.startswith("cpu MHz")]  # fmt: skip
+    except (OSError, ValueError):
+        return "CPU MHz not exposed"
+    freq = (
+        "cpufreq exposed" if Path("/sys/devices/system/cpu/cpu0/cpufreq").exists() else "no cpufreq (fixed)"
+    )
+    return f"cpu MHz {'/'.join(f'{m:.0f}' for m in mhz)} ({freq})" if mhz else "CPU MHz not exposed"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=6.0, help="measured seconds per run (default 6)")
-    p.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before (default 1.5)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
+    p.add_argument(
+        "--blocks", type=int, default=4, help="fresh server processes per variant, in turn (default 4)"
+    )
+    p.add_argument("--rounds", type=int, default=5, help="paired rounds per block (default 5)")
+    p.add_argument(
+        "--duration", type=float, default=2.0, help="measured seconds per variant per round (default 2)"
+    )
+    p.add_argument("--warmup", type=float, default=0.3, help="unmeasured seconds before each (default 0.3)")
+    p.add_argument(
+        "--block-warmup", type=float, default=1.5, help="unmeasured seconds per fresh server (default 1.5)"
+    )
     p.add_argument("--connections", type=int, default=16, help="client connections (default 16)")
+    p.add_argument("--placement", choices=("separate", "same", "none"), default="separate",
+                   help="servers and client on separate pinned CPUs (default), one pinned CPU, or unpinned")  # fmt: skip
     p.add_argument("--only", choices=("trivial", "realistic"), help="run one endpoint only")
     p.add_argument("--variants", help="comma list of variants to run (default: all of the endpoint(s))")
     p.add_argument("--serve", help=argparse.SUPPRESS)
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--spans-dir", help=argparse.SUPPRESS)
-    p.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cpus", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
+        if args.cpus:
+            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        from overhead_apps import serve
+
         serve(args.serve, args.port, args.spans_dir)
         return 0
-    if args.client:
-        run_client(args.port, args.connections, args.warmup, args.duration, args.server_pid)
-        return 0
-
+    known = VARIANTS_TRIVIAL + VARIANTS_REALISTIC
     variants: list[str] = []
     if args.only != "realistic":
         variants += VARIANTS_TRIVIAL
@@ -439,59 +393,38 @@ def main() -> int:
         variants += VARIANTS_REALISTIC
     if args.variants:
         variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in known]
+    if bad or not variants:
+        print(f"overhead.py: unknown variant(s) {', '.join(bad) or '(none given)'}; known: {', '.join(known)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.blocks < 1 or args.rounds < 1 or args.duration <= 0 or args.warmup < 0 or args.connections < 1:
+        print("overhead.py: --blocks, --rounds, --connections must be >= 1, --duration > 0, --warmup >= 0",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    server_cpus, client_cpus, placement = _placement(args.placement)
+    if client_cpus is not None:
+        os.sched_setaffinity(0, client_cpus)
     import uvicorn
 
     http_impl = "httptools" if _has("httptools") else "h11"
     loop_impl = "uvloop" if _has("uvloop") else "asyncio"
-    print(f"uvicorn {uvicorn.__version__} ({http_impl}, {loop_impl}), one server process; client: "
-          f"{args.connections} connections in another process; {args.rounds} rounds x {args.duration:g} s; "
-          f"{os.cpu_count()} CPUs", flush=True)  # fmt: skip
+    print(f"uvicorn {uvicorn.__version__} ({http_impl}, {loop_impl}), one server process per variant; client: "
+          f"{args.connections} connections in this process; {args.blocks} blocks x {args.rounds} paired rounds x "
+          f"{args.duration:g} s; {os.cpu_count()} CPUs, {_cpu_mhz()}; {placement}", flush=True)  # fmt: skip
     look_us, attach_us = context_cost()
     print(f"fast mode's OpenTelemetry context per request (in-process): current-span look-up {look_us:.2f} us, "
           f"attach + detach of the request's context {attach_us:.2f} us", flush=True)  # fmt: skip
-    results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for r in range(args.rounds):
-        print(f"round {r + 1}: {_load()}", flush=True)
-        for v in variants:
-            res = run_variant(v, args)
-            results[v].append(res)
-            extra = ""
-            if "traces" in res:
-                extra = (f"  traces kept {res['traces']}; slower than 250 ms: {res['slow_requests']} requests, "
-                         f"{res['slow_traces_complete']} full traces")  # fmt: skip
-            print(
-                f"round {r + 1} {v:17s} {res['rps']:8.0f} req/s {res['cpu_us']:7.0f} us CPU/request "
-                f"(server at {100 * res['cpu_share']:3.0f}% of a core){extra}",
-                flush=True,
-            )
-    med = {v: statistics.median(x["rps"] for x in rs) for v, rs in results.items()}
-    cpu = {v: statistics.median(x["cpu_us"] for x in rs) for v, rs in results.items()}
-    share = {v: statistics.median(x["cpu_share"] for x in rs) for v, rs in results.items()}
-    print("\nmedians:               req/s   server CPU us/request   server CPU share")
-    for v in variants:
-        print(f"  {v:17s} {med[v]:8.0f} {cpu[v]:10.0f} {100 * share[v]:17.0f}%")
+    print(f"before: {_load()}; scheduling: {_autogroup()}", flush=True)
     print(
-        "ratios (throughput; capacity = inverse server CPU per request, the robust one when other\n"
-        "processes compete for the CPUs and the server gets well under 100% of a core):"
+        "round lines: variant req/s, server CPU us/request, server share|client share; ratios throughput,capacity"
     )
-    for name, variant, base, goal in (
-        ("trivial   stock", "stock", "bare", "REFERENCE 0.40-0.56"),
-        ("trivial   stagescope", "stagescope", "bare", "goal >= 0.85"),
-        ("realistic stagescope", "stagescope-batch", "bare-batch", "goal >= 0.97"),
-        ("realistic vs plain", "stagescope-batch", "plain-batch", "DynamicBatcher + instrumentation"),
-    ):
-        if variant in med and base in med:
-            print(
-                f"  {name:22s} throughput {med[variant] / med[base]:.3f}   capacity {cpu[base] / cpu[variant]:.3f}   ({goal})"
-            )
-    ok = all(
-        x["slow_traces_complete"] >= x["slow_requests"]
-        for v, rs in results.items()
-        if v.startswith("stagescope")
-        for x in rs
-    )
-    print(f"every request slower than 250 ms kept its full trace: {'yes' if ok else 'NO'}")
-    print(f"after the last round: {_load()}")
+    rounds: list[dict[str, dict[str, float]]] = []
+    ok = all([run_block(b, variants, args, server_cpus, rounds) for b in range(args.blocks)])
+    report(variants, rounds, placement)
+    if any(v.startswith("stagescope") for v in variants):
+        print(f"every request slower than 250 ms kept its full trace: {'yes' if ok else 'NO'}")
+    print(f"after: {_load()}")
     return 0
 
 

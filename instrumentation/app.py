@@ -64,6 +64,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from starlette.middleware import Middleware
 
 from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_configured
+from stagescope.instrumentation.exposition import metrics_route
 from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
 from stagescope.instrumentation.metrics import StageMetrics, make_metrics_app, set_default_metrics
 from stagescope.instrumentation.middleware import (
@@ -372,9 +373,7 @@ def _has_destination(spans_dir: object) -> bool:
 
 
 def _mount_metrics(app: Any, path: str, metrics: StageMetrics) -> Any:
-    from starlette.routing import Route
-
-    route = Route(path, endpoint=_AsgiEndpoint(make_metrics_app(metrics.registry)), include_in_schema=False)
+    route = metrics_route(path, _AsgiEndpoint(make_metrics_app(metrics.registry)))
     app.router.routes.append(route)
     return route
 

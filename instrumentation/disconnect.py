@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 import weakref
+from asyncio import _get_running_loop
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -153,10 +154,17 @@ class ClientWatch:
         self._waiter: asyncio.Future[None] | None = None
         self._body_done = body_done
         self._armed = False
-        self._sweeper = sweeper = _sweeper()
-        if sweeper is not None:
-            self.started = sweeper._loop.time()
-            sweeper.add(self)
+        # _sweeper() and _Sweeper.add written out for the common case (the loop seen last): this runs
+        # for every request
+        last, loop = _last, _get_running_loop()
+        sweeper = last[1] if last is not None and loop is not None and last[0]() is loop else _sweeper()
+        self._sweeper = sweeper
+        if sweeper is None:
+            return
+        self.started = sweeper._loop.time()
+        sweeper._watches[self] = None
+        if sweeper._handle is None:
+            sweeper._handle = sweeper._loop.call_at(self.started + WATCH_AFTER_S, sweeper._tick)
 
     def _arm(self) -> None:
         self._armed = True
@@ -213,8 +221,9 @@ class ClientWatch:
     def stop(self) -> None:
         """The request is over: leave the sweeper, drop a ``receive()`` still pending (servers that would
         hold it)."""
-        if self._sweeper is not None:
-            self._sweeper.discard(self)
+        sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper._watches.pop(self, None)  # _Sweeper.discard written out
         task = self._task
         if task is not None and not task.done():
             task.cancel()

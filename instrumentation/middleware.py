@@ -211,7 +211,10 @@ class _Exchange(ClientWatch):
                     )
                 else:
                     await self._send(message)
-                self.end()
+                if self.closed:
+                    self.end()
+                else:  # end() without its client-closed branch: every request comes here
+                    self._finish(self.record)
                 return
         elif mtype == "http.response.start":
             self.record.status_code = message["status"]

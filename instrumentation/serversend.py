@@ -32,6 +32,7 @@ _PASS_THROUGH = (("starlette/middleware/errors.py", "ServerErrorMiddleware.__cal
 
 # code object -> "server" | index of the wrapped send in the closure | None (anything else)
 _kinds: dict[CodeType, Any] = {}
+_UNSEEN = object()
 
 
 def _kind(code: CodeType) -> Any:
@@ -60,7 +61,9 @@ def server_send_only(send: Any, depth: int = 4) -> bool:
         code = getattr(func, "__code__", None)
         if code is None:
             return False
-        kind = _kind(code)
+        kind = _kinds.get(code, _UNSEEN)  # _kind's cache read here: this runs for every request
+        if kind is _UNSEEN:
+            kind = _kind(code)
         if kind == "server":
             return True
         if kind is None:
