@@ -51,6 +51,8 @@ from typing import Any
 
 from overhead_report import PAIRS, pct, report
 
+from stagescope.procs import stop_process
+
 SLOW_EVERY = 1000
 VARIANTS_TRIVIAL = ("bare", "stock", "stagescope")
 VARIANTS_REALISTIC = ("bare-batch", "stagescope-batch", "plain-batch")
@@ -276,13 +278,7 @@ class _Server:
         self.proc = subprocess.Popen(cmd, env=env)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, 30.0)
 
 
 def _measure(server: _Server, args: argparse.Namespace, warmup_s: float) -> dict[str, float]:

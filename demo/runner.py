@@ -46,6 +46,7 @@ from stagescope.demo.recorder import MetricsRecorder
 from stagescope.errors import UserError
 from stagescope.names import ENV_BASELINE_SAMPLE, ENV_SLOW_THRESHOLD_MS
 from stagescope.paths import ensure_writable_dir
+from stagescope.procs import stop_process
 from stagescope.service.engines import DEFAULT_ENGINE, Engine, get_engine
 from stagescope.service.scenarios import PREDICT_ROUTE, Scenario, Workload
 from stagescope.slo import SLO
@@ -194,13 +195,7 @@ class ServiceProcess:
         raise UserError(f"the reference service was not ready within {timeout_s:g} s (see {self.log_path})")
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, timeout_s)
         self._log.close()
 
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from stagescope.procs import stop_process
+
 __all__ = ["EchoProtocol", "StallClock", "main", "serve", "spawn"]
 
 
@@ -173,12 +175,7 @@ def spawn(*args: str) -> Iterator[str]:
             raise RuntimeError(f"echo server did not start: {line!r}")
         yield f"http://127.0.0.1:{int(line.split()[1])}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, signal.SIGTERM, 5.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ tests that query a live server: bound to 127.0.0.1 on a free port, stopped on ex
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from service_support import free_port
+
+from stagescope.procs import stop_process
 
 
 @contextmanager
@@ -45,9 +48,4 @@ def backfilled_prometheus(tmp_path: Path, openmetrics: str) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, signal.SIGTERM, 10.0)

@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from stagescope import names as N
+from stagescope.procs import stop_process
 from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, Workload
 
 SERVER_KIND = {2, "SPAN_KIND_SERVER"}
@@ -115,12 +116,7 @@ def serve(
 
 def interrupt(proc: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
     """Stop a server process as Ctrl-C would (SIGINT, so it flushes), killing it after ``timeout_s``."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, signal.SIGINT, timeout_s)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -150,6 +150,7 @@ def probe_gateway(urls: list[str], slots: int) -> Iterator[str]:
     import subprocess
     import sys
 
+    from stagescope.procs import stop_process
     from stagescope.service.llama_cpp.server import free_port
 
     port = free_port()
@@ -173,10 +174,4 @@ def probe_gateway(urls: list[str], slots: int) -> Iterator[str]:
                 time.sleep(0.2)
             yield url
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, signal.SIGINT, 15.0)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stagescope.errors import UserError
+from stagescope.procs import stop_process
 
 __all__ = ["EngineConfig", "LlamaServer", "free_port"]
 
@@ -133,11 +134,5 @@ class LlamaServer:
         raise UserError(f"llama-server was not ready within {timeout_s:g} s (log {self.log_path})")
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGTERM, timeout_s)
         self._log.close()
