@@ -113,10 +113,11 @@ _last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Sweeper] | None = None  # 
 
 
 def _sweeper() -> _Sweeper | None:
+    """The running loop's sweeper; None outside asyncio (trio: only what the app receives tells). It runs
+    for every request, so the common case (the loop seen last) is a lookup without exceptions."""
     global _last
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio (trio): only what the app receives tells
+    loop = _get_running_loop()
+    if loop is None:
         return None
     last = _last
     if last is not None and last[0]() is loop:
@@ -154,17 +155,10 @@ class ClientWatch:
         self._waiter: asyncio.Future[None] | None = None
         self._body_done = body_done
         self._armed = False
-        # _sweeper() and _Sweeper.add written out for the common case (the loop seen last): this runs
-        # for every request
-        last, loop = _last, _get_running_loop()
-        sweeper = last[1] if last is not None and loop is not None and last[0]() is loop else _sweeper()
-        self._sweeper = sweeper
-        if sweeper is None:
-            return
-        self.started = sweeper._loop.time()
-        sweeper._watches[self] = None
-        if sweeper._handle is None:
-            sweeper._handle = sweeper._loop.call_at(self.started + WATCH_AFTER_S, sweeper._tick)
+        self._sweeper = sweeper = _sweeper()
+        if sweeper is not None:
+            self.started = sweeper._loop.time()
+            sweeper.add(self)
 
     def _arm(self) -> None:
         self._armed = True
@@ -221,9 +215,8 @@ class ClientWatch:
     def stop(self) -> None:
         """The request is over: leave the sweeper, drop a ``receive()`` still pending (servers that would
         hold it)."""
-        sweeper = self._sweeper
-        if sweeper is not None:
-            sweeper._watches.pop(self, None)  # _Sweeper.discard written out
+        if self._sweeper is not None:
+            self._sweeper.discard(self)
         task = self._task
         if task is not None and not task.done():
             task.cancel()

@@ -211,10 +211,7 @@ class _Exchange(ClientWatch):
                     )
                 else:
                     await self._send(message)
-                if self.closed:
-                    self.end()
-                else:  # end() without its client-closed branch: every request comes here
-                    self._finish(self.record)
+                self.end()
                 return
         elif mtype == "http.response.start":
             self.record.status_code = message["status"]
