@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from stagescope.analysis.intervals import rank_bounds
+
 __all__ = ["CLIENT_FULL", "GOALS", "PAIRS", "median_interval", "pct", "report"]
 
 PAIRS = (  # (label, variant, baseline, goal)
@@ -26,17 +28,13 @@ def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float 
     """(median, low, high, coverage): a distribution-free interval for the median from order statistics.
 
     With n values sorted, [x_(k), x_(n+1-k)] covers the true median with probability 1 - 2 P(B <= k-1),
-    B ~ Binomial(n, 1/2); k is the largest rank keeping that at or above ``level``. ``None`` bounds when
-    n is too small for the level (fewer than 6 values for 95 %)."""
+    B ~ Binomial(n, 1/2); k is the largest rank keeping that at or above ``level`` (the analysis' own
+    order-statistic ranks, intervals.rank_bounds, at q = 1/2). ``None`` bounds when n is too small for
+    the level (fewer than 6 values for 95 %)."""
     s = sorted(xs)
     n = len(s)
-    alpha, cum, k = (1 - level) / 2, 0.0, 0
-    for j in range(n + 1):
-        cum += math.comb(n, j) / 2**n
-        if cum > alpha:
-            break
-        k = j + 1
-    if k == 0:
+    k, _ = rank_bounds(n, 0.5, level)
+    if k is None:
         return statistics.median(s), None, None, 0.0
     coverage = 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2**n
     return statistics.median(s), s[k - 1], s[n - k], coverage
