@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pickle
 import random
 import signal
 import socket
@@ -130,10 +131,16 @@ class ClientResult:
     end: float
     retry_after: str | None = None
     token_times: list[float] = field(default_factory=list)
+    intended: float | None = None  # when the schedule said to send it (same clock as ``sent``)
 
     @property
     def latency_ms(self) -> float:
         return (self.end - self.sent) * 1000
+
+    @property
+    def late_ms(self) -> float:
+        """How far behind its schedule the client sent this request (0 when it kept the schedule)."""
+        return 0.0 if self.intended is None else max(0.0, (self.sent - self.intended) * 1000)
 
 
 def body_for(route: str, w: Workload, i: int, rng: random.Random, pool: list[list[float]]) -> dict[str, Any]:
@@ -150,13 +157,15 @@ def body_for(route: str, w: Workload, i: int, rng: random.Random, pool: list[lis
     return {"inputs": inputs}
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> ClientResult:
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, intended: float | None = None
+) -> ClientResult:
     trace_id = f"{random.getrandbits(128):032x}"
     headers = {"traceparent": f"00-{trace_id}-{random.getrandbits(64):016x}-01", "content-type": "application/json"}
     sent = time.perf_counter()
     try:
         async with session.post(url, data=body, headers=headers) as resp:
-            res = ClientResult(trace_id, resp.status, sent, 0.0, resp.headers.get("Retry-After"))
+            res = ClientResult(trace_id, resp.status, sent, 0.0, resp.headers.get("Retry-After"), intended=intended)
             if stream and resp.status == 200:
                 async for line in resp.content:
                     if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
@@ -166,7 +175,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bo
             res.end = time.perf_counter()
             return res
     except (TimeoutError, aiohttp.ClientError):
-        return ClientResult(trace_id, 0, sent, time.perf_counter())
+        return ClientResult(trace_id, 0, sent, time.perf_counter(), intended=intended)
 
 
 async def drive(
@@ -192,8 +201,35 @@ async def drive(
             delay = start + off - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(session, base_url + route, body, route == GENERATE_ROUTE)))
+            tasks.append(
+                asyncio.create_task(_one(session, base_url + route, body, route == GENERATE_ROUTE, start + off))
+            )
         return list(await asyncio.gather(*tasks))
+
+
+def drive_apart(
+    base_url: str, route: str, rate: float, duration_s: float, workload: Workload, *, seed: int = 1,
+    poisson: bool = True,
+) -> list[ClientResult]:
+    """:func:`drive` in a process of its own, so that it keeps its schedule whatever else the calling
+    process runs: tests that drive several servers at once from threads of one process share one GIL,
+    and a thread parsing another run's spans delays this client's sends, which then leave in a burst
+    the scenario does not have (seen as a 717 ms p99 on a lever run whose server was idle 35 % of the
+    time). Arguments and results travel as pickles over the child's stdin and stdout."""
+    code = (
+        "import asyncio, pickle, sys; sys.path.insert(0, sys.argv[1]); import service_support as S; "
+        "a, k = pickle.load(sys.stdin.buffer); r = asyncio.run(S.drive(*a, **k)); "
+        "sys.stdout.buffer.write(pickle.dumps(r))"
+    )
+    args = ((base_url, route, rate, duration_s, workload), {"seed": seed, "poisson": poisson})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent)], input=pickle.dumps(args),
+        capture_output=True, timeout=duration_s + 180, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"the client process failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    results: list[ClientResult] = pickle.loads(proc.stdout)
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,6 +310,7 @@ class Signature:
     stage_medians: dict[str, float] = field(default_factory=dict)
     server_cpu_cores: float | None = None  # CPU the server got while driven (cores), when known
     machine_idle: float | None = None  # share of the machine's CPU time left idle while driven
+    client_late_p99_ms: float | None = None  # how far behind its schedule the client sent (p99, ms)
 
     @property
     def dominant(self) -> str | None:

@@ -14,7 +14,6 @@ of it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_support import Signature, drive, machine_cpu, read_spans, serve, signature
+from service_support import Signature, drive_apart, machine_cpu, quantile, read_spans, serve, signature
 
 from stagescope.service.scenarios import SCENARIOS, get_scenario
 
@@ -39,7 +38,7 @@ def _run(name: str, lever: bool, tmp: Path) -> Signature:
     args = ["--scenario", name] + (["--apply-lever"] if lever else [])
     with serve(tmp / f"{name}{'-lever' if lever else ''}", *args) as s:
         cpu0, t0, m0 = s.cpu_seconds(), time.monotonic(), machine_cpu()
-        results = asyncio.run(drive(s.url, sc.route, sc.rate_rps, DURATION_S, sc.workload, seed=7))
+        results = drive_apart(s.url, sc.route, sc.rate_rps, DURATION_S, sc.workload, seed=7)
         cpu1, t1, m1 = s.cpu_seconds(), time.monotonic(), machine_cpu()
     assert results and all(r.status == 200 for r in results), {r.status for r in results}
     sig = signature(sc, read_spans(s.spans_dir))
@@ -47,6 +46,7 @@ def _run(name: str, lever: bool, tmp: Path) -> Signature:
         sig.server_cpu_cores = (cpu1 - cpu0) / (t1 - t0)
     if m0 is not None and m1 is not None and m1[1] > m0[1]:
         sig.machine_idle = (m1[0] - m0[0]) / (m1[1] - m0[1])
+    sig.client_late_p99_ms = quantile([r.late_ms for r in results], 0.99)
     assert sig.n >= 0.95 * len(results), "spans missing for some requests"
     return sig
 
@@ -91,13 +91,25 @@ def test_healthy_stays_within_its_slo(measured: dict[str, tuple[Signature, Signa
 def test_breach_signature_and_lever(name: str, measured: dict[str, tuple[Signature, Signature | None]]) -> None:
     sc = get_scenario(name)
     before, after = measured[name]
-    assert before.sli_q_ms > before.threshold_ms, f"{name} did not breach {sc.slo_spec}: {before}"
-    assert before.dominant == sc.true_stage, f"{name}: excess shares {before.shares}"
+    assert before.sli_q_ms > before.threshold_ms, f"{name} did not breach {sc.slo_spec}: {before.sli_q_ms:.0f} ms; {_why(before)}"
+    assert before.dominant == sc.true_stage, f"{name}: dominant {before.dominant}, not {sc.true_stage}; {_why(before)}"
     assert before.shares[sc.true_stage or ""] >= 0.6, before.shares
     assert after is not None
     if name == CPU_SCENARIO and after.sli_q_ms > after.threshold_ms:
         _skip_if_cpu_starved(after)
-    assert after.sli_q_ms <= after.threshold_ms, f"{name}: lever {sc.lever} left {after.sli_q_ms:.0f} ms"
+    assert after.sli_q_ms <= after.threshold_ms, (
+        f"{name}: lever {sc.lever} left {after.sli_q_ms:.0f} ms; {_why(after)}"
+    )
+
+
+def _why(sig: Signature) -> str:
+    """The run's figures in one line: the excess shares whole, and what the machine and client did."""
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(sig.shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    return (
+        f"{sig.slow} of {sig.n} requests over {sig.threshold_ms:.0f} ms, excess: {shares or 'none'}; server "
+        f"{sig.server_cpu_cores or 0:.2f} cores, machine {sig.machine_idle or 0:.0%} idle, client late "
+        f"{sig.client_late_p99_ms or 0:.0f} ms at p99"
+    )
 
 
 def _skip_if_cpu_starved(after: Signature) -> None:
