@@ -58,11 +58,12 @@ def _onnx_sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
     from stagescope.service.onnx_backend import HEAVY_OVER_SLO, size_heavy_items
     from stagescope.service.settings import Settings, apply_overrides
 
-    target = HEAVY_OVER_SLO * sc.slo.threshold_ms
+    over = HEAVY_OVER_SLO if sc.heavy_over_slo is None else sc.heavy_over_slo
+    target = over * sc.slo.threshold_ms
     items, per_image = size_heavy_items(apply_overrides(Settings(), sc.overrides), target)
     return {"heavy_items": items}, (
         f"heavy requests sized to this machine now: {items} images each, what the served model classifies in "
-        f"about {target:.0f} ms ({HEAVY_OVER_SLO:g} x the SLO threshold) at the {per_image:.3f} ms per image just "
+        f"about {target:.0f} ms ({over:g} x the SLO threshold) at the {per_image:.3f} ms per image just "
         "measured; the same count in the lever check"
     )
 

@@ -17,7 +17,9 @@ executor (on a busy machine the batches share the cores, and their wall time str
   optimizations off, under a quality budget of 0 points: INT8 costs this model a little accuracy on
   its eval set (measured, see the README), so ``quantize`` is not acceptable and the next lever,
   ``compile-runtime`` (optimization level ``all``), is the one to apply. It is not expected to meet
-  the SLO by itself: the graph fusions buy far less than INT8 on this model.
+  the SLO by itself: the graph fusions buy far less than INT8 on this model. Its heavy requests are
+  sized to 2x the SLO threshold (not 1.15x) so that the breach the gate needs does not hang on a 15 %
+  margin.
 * ``long-batch-wait``: batches close 400 ms after their first item at 20/s, each item 64 images;
   capping the wait is the lever, its model fitted on the real per-batch compute.
 """
@@ -38,6 +40,11 @@ _BASE: dict[str, Any] = {"backend": "onnx", "model_name": "digits-mlp", "onnx_th
                          "devices": 4, "preprocess_cpu_ms": 0.3}  # fmt: skip
 _SERIAL = {**_BASE, "max_batch_size": 1, "max_batch_wait_ms": 0.0}
 _HEAVY = {**_SERIAL, "heavy_share": 0.05, "heavy_items": 5000}
+#: slow-compute-strict's heavy batches take twice the SLO threshold at the pace measured before the run,
+#: not slow-compute's 1.15x (onnx_backend.HEAVY_OVER_SLO, sized so that INT8 brings them under it): its
+#: lever is not expected to meet the SLO, and at 1.15x a machine that got quieter between the sizing and
+#: the run (a CI run) served the heavy requests under the threshold, so there was no breach to gate.
+STRICT_HEAVY_OVER_SLO = 2.0
 
 
 def _f(d: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -55,7 +62,7 @@ ONNX_SCENARIOS: Mapping[str, Scenario] = MappingProxyType(
             Scenario("slow-compute-strict", "slow-compute, graph optimizations off, no accuracy may be lost",
                      PREDICT_ROUTE, 10.0, _E2E, N.STAGE_COMPUTE, N.LEVER_COMPILE_RUNTIME,
                      _f({**_HEAVY, "ort_optimization": "disable"}), _f({"ort_optimization": "all"}),
-                     quality_budget=0.0),
+                     quality_budget=0.0, heavy_over_slo=STRICT_HEAVY_OVER_SLO),
             Scenario("long-batch-wait", "batch window (400 ms) far too long for 20 req/s of 64 images",
                      PREDICT_ROUTE, 20.0, _E2E, N.STAGE_BATCH_WAIT, N.LEVER_CAP_BATCH_WAIT,
                      _f({**_BASE, "max_batch_size": 64, "max_batch_wait_ms": 400.0, "items_per_request": 64,

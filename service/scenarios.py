@@ -110,6 +110,9 @@ class Scenario:
     workload: Workload = field(default_factory=Workload)
     #: accuracy (points) the lever may cost on the model's eval set; the SLO's quality_budget
     quality_budget: float | None = None
+    #: for engines that size heavy requests to the machine (onnx): a heavy request's batch takes this
+    #: multiple of the SLO threshold at the pace measured just before the run (None: the engine's default)
+    heavy_over_slo: float | None = None
 
     @property
     def slo(self) -> SLO:
@@ -133,6 +136,7 @@ class Scenario:
             "lever_overrides": dict(self.lever_overrides),
             "workload": self.workload.__dict__.copy(),
             "quality_budget": self.quality_budget,
+            "heavy_over_slo": self.heavy_over_slo,
         }
 
 
