@@ -29,12 +29,9 @@ retry-after (the service answers 429 with a ``Retry-After`` header). An exceptio
 raised to every waiter of that batch. ``max_batch_size``, ``max_wait_ms``, ``executors`` and ``max_queue``
 can be changed while running (from the event loop's thread); they apply to the open batch at once.
 
-Teams with their own batcher record the same intervals with four small hooks::
-
-    t = record_enqueue()                # in the request, when the item is queued (captures the record)
-    record_batch_closed(tickets)        # the batch stops accepting items
-    record_batch_start(tickets)         # an executor starts it
-    record_batch_end(tickets, model=m)  # it finished: stages, batch size and metrics are recorded
+Teams with their own batcher record the same intervals with the four hooks of
+:mod:`~stagescope.instrumentation.batch_hooks` (``record_enqueue``, ``record_batch_closed``,
+``record_batch_start``, ``record_batch_end``; also importable from here).
 
 Time is in nanoseconds on ``time.perf_counter_ns`` (``at_ns=`` overrides "now"); durations published
 as metrics are in seconds.
@@ -44,22 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from stagescope.instrumentation.metrics import StageMetrics, default_metrics
-from stagescope.instrumentation.record import RequestRecord, StageInterval, current_request, now_ns
-from stagescope.names import (
-    KIND_BATCH_WAIT,
-    KIND_COMPUTE,
-    KIND_QUEUE,
-    STAGE_BATCH_WAIT,
-    STAGE_COMPUTE,
-    STAGE_QUEUE,
+from stagescope.instrumentation.batch_admission import QueueFull, estimate_retry_after_s
+from stagescope.instrumentation.batch_hooks import (
+    BatchTicket,
+    record_batch_closed,
+    record_batch_end,
+    record_batch_start,
+    record_enqueue,
 )
+from stagescope.instrumentation.metrics import StageMetrics, default_metrics
+from stagescope.instrumentation.record import now_ns
 
 __all__ = [
     "BatchTicket",
@@ -75,108 +71,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class QueueFull(RuntimeError):
-    """The batcher holds ``max_queue`` waiting items; retry after ``retry_after_s`` seconds."""
-
-    def __init__(self, depth: int, max_queue: int, retry_after_s: float) -> None:
-        super().__init__(
-            f"batch queue full ({depth} waiting, max_queue={max_queue}); retry in {retry_after_s:.3f} s"
-        )
-        self.depth = depth
-        self.max_queue = max_queue
-        self.retry_after_s = retry_after_s
-
-    @property
-    def retry_after_header(self) -> str:
-        """``Retry-After`` value: whole seconds, at least 1."""
-        return str(max(1, math.ceil(self.retry_after_s)))
-
-
-# ------------------------------------------------------------------------------------------------
-# Hooks: the batcher-independent way to record batch_wait / queue / compute.
-# ------------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class BatchTicket:
-    """One queued item's timestamps (``perf_counter_ns``) and the request record it belongs to."""
-
-    record: RequestRecord | None
-    enqueue_ns: int
-    closed_ns: int | None = None
-    start_ns: int | None = None
-    end_ns: int | None = None
-
-
-def record_enqueue(
-    record: RequestRecord | None = None, *, at_ns: int | None = None, queue_depth: int | None = None
-) -> BatchTicket:
-    """An item was queued for batching. ``record`` defaults to the current request's (call this inside
-    the request); ``queue_depth`` (items already waiting) is stored on the record."""
-    rec = current_request() if record is None else record
-    if rec is not None and queue_depth is not None:
-        rec.queue_depth = queue_depth
-    return BatchTicket(rec, now_ns() if at_ns is None else at_ns)
-
-
-def record_batch_closed(tickets: Sequence[BatchTicket], *, at_ns: int | None = None) -> int:
-    """The batch holding ``tickets`` stopped accepting items (ends ``batch_wait``). Returns the time."""
-    t = now_ns() if at_ns is None else at_ns
-    for tk in tickets:
-        tk.closed_ns = t
-    return t
-
-
-def record_batch_start(tickets: Sequence[BatchTicket], *, at_ns: int | None = None) -> int:
-    """An executor started the batch (ends ``queue``, starts ``compute``). Without a prior
-    :func:`record_batch_closed` the batch counts as closed now (no ``queue`` time)."""
-    t = now_ns() if at_ns is None else at_ns
-    for tk in tickets:
-        if tk.closed_ns is None:
-            tk.closed_ns = t
-        tk.start_ns = t
-    return t
-
-
-def record_batch_end(
-    tickets: Sequence[BatchTicket],
-    *,
-    at_ns: int | None = None,
-    model: str | None = None,
-    metrics: StageMetrics | None = None,
-) -> int:
-    """The batch finished (ends ``compute``): add the three stages and the batch size to every ticket's
-    record, observe the batch size and the executor's busy seconds. Returns the time.
-
-    ``model`` labels the batch metrics, and also every ticket's request (its request and stage
-    histograms, its span's ``stagescope.model``) unless the request set its own ``record.model``."""
-    t = now_ns() if at_ns is None else at_ns
-    size = len(tickets)
-    start = t
-    for tk in tickets:
-        if tk.start_ns is None or tk.closed_ns is None:
-            raise ValueError("record_batch_end: record_batch_start was not called for this batch")
-        start = tk.start_ns
-        tk.end_ns = t
-        rec = tk.record
-        if rec is None:
-            continue
-        rec.stages.append(
-            StageInterval(STAGE_BATCH_WAIT, tk.enqueue_ns, max(tk.enqueue_ns, tk.closed_ns), KIND_BATCH_WAIT)
-        )
-        rec.stages.append(StageInterval(STAGE_QUEUE, tk.closed_ns, max(tk.closed_ns, tk.start_ns), KIND_QUEUE))
-        rec.stages.append(StageInterval(STAGE_COMPUTE, tk.start_ns, max(tk.start_ns, t), KIND_COMPUTE))
-        rec.batch_size = size
-        if rec.model is None:  # the batch's model labels the request's metrics, unless it named its own
-            rec.model = model
-    if size:
-        m = default_metrics() if metrics is None else metrics
-        m.observe_batch(model, size)
-        m.executor_busy(model, (t - start) / 1e9)
-    return t
-
-
-# ------------------------------------------------------------------------------------------------
-# The batcher.
-# ------------------------------------------------------------------------------------------------
 @dataclass(slots=True, eq=False)
 class _Entry:
     item: Any
@@ -330,7 +224,10 @@ class DynamicBatcher(Generic[T, R]):
         loop = self._bind()
         depth = self._waiting
         if self._max_queue is not None and depth >= self._max_queue:
-            raise QueueFull(depth, self._max_queue, self._retry_after_s(depth))
+            wait_s = estimate_retry_after_s(
+                depth, self._max_batch_size, self._executors, self._max_wait_ns, self._batch_s, self._run_starts
+            )
+            raise QueueFull(depth, self._max_queue, wait_s)
         entry = _Entry(item, loop.create_future(), record_enqueue(queue_depth=depth))
         self._pending.append(entry)
         self._waiting += 1
@@ -372,17 +269,6 @@ class DynamicBatcher(Generic[T, R]):
         if delta:
             m.add_queue_depth(self.model, delta)
             self._depth_published = self._waiting
-
-    def _retry_after_s(self, depth: int) -> float:
-        """Estimated seconds until a slot frees: the batches ahead at the mean batch time (or the
-        oldest running batch's elapsed time, when longer or when no batch has finished yet), spread
-        over the executors, plus one batch wait; at least 0.01 s."""
-        batches_ahead = math.ceil((depth + 1) / self._max_batch_size)
-        per_batch = self._batch_s or 0.0
-        if self._run_starts:
-            per_batch = max(per_batch, (now_ns() - min(self._run_starts)) / 1e9)
-        wait_s = self._max_wait_ns / 1e9
-        return max(0.01, batches_ahead * per_batch / self._executors + wait_s)
 
     def _withdraw(self, entry: _Entry) -> None:
         """A waiter was cancelled: drop its item if its batch has not closed yet."""

@@ -232,10 +232,10 @@ def test_realtime_priority_is_taken_for_the_run_and_given_back() -> None:
     # whether this system lets a thread take SCHED_FIFO (root / CAP_SYS_NICE), probed in a throwaway thread
     import threading
 
-    from stagescope.loadgen.runner import _set_realtime
+    from stagescope.loadgen.sender import set_realtime
 
     probe: list[bool] = []
-    t = threading.Thread(target=lambda: probe.append(_set_realtime() is not None))
+    t = threading.Thread(target=lambda: probe.append(set_realtime() is not None))
     t.start()
     t.join()
     assert run.summary.realtime is probe[0]

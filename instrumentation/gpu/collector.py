@@ -43,41 +43,18 @@ from stagescope.instrumentation.gpu.fields import (
     load_counters_csv,
 )
 from stagescope.instrumentation.gpu.gpm import GpmReader
+from stagescope.instrumentation.gpu.nvml import (
+    UNSUPPORTED_CODES,
+    NvmlUnavailable,
+    init_nvml,
+    load_nvml,
+    process_samples,
+)
 from stagescope.instrumentation.gpu.sampler import ENGINES, UtilizationSampler
 
 __all__ = ["GpuCollector", "NvmlUnavailable", "load_nvml"]
 
 log = logging.getLogger(__name__)
-
-#: NVML return codes meaning "this field is not there on this GPU": omit the field for good.
-UNSUPPORTED_CODES = frozenset(
-    {3, 4, 6, 13, 2}
-)  # NotSupported, NoPermission, NotFound, FunctionNotFound, InvalidArgument
-
-
-class NvmlUnavailable(Exception):
-    """NVML cannot be used on this machine (library missing, driver not loaded, ...)."""
-
-
-def load_nvml(import_module: Callable[[str], Any] | None = None) -> Any:
-    """Import ``pynvml`` and initialise NVML; raise :class:`NvmlUnavailable` with a one-line reason."""
-    import importlib
-
-    imp = import_module or importlib.import_module
-    try:
-        nvml = imp("pynvml")
-    except ImportError as exc:
-        raise NvmlUnavailable(f"the pynvml module is not installed (pip install 'stagescope[gpu]'): {exc}") from None
-    _init(nvml)
-    return nvml
-
-
-def _init(nvml: Any) -> None:
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, OSError ...
-        raise NvmlUnavailable(f"nvmlInit failed: {type(exc).__name__}: {exc}") from None
-
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -139,7 +116,7 @@ class GpuCollector(Collector):
                 self.nvml = load_nvml()
             else:
                 if init:
-                    _init(nvml)
+                    init_nvml(nvml)
                 self.nvml = nvml
             self._discover()
         except NvmlUnavailable as exc:
@@ -341,7 +318,7 @@ class GpuCollector(Collector):
                 g.unsupported.update(GPM_FIELDS)
                 g.gpm = None
         try:
-            procs = self._process_samples(g)
+            procs = process_samples(n, h, self.clock, self.window_s)
         except n.NVMLError as exc:
             if exc.value not in UNSUPPORTED_CODES:
                 return self._failed(g, exc)
@@ -374,28 +351,6 @@ class GpuCollector(Collector):
                     names.METRIC_GPU_PROCESS_UTIL, {**pl, names.LABEL_ENGINE: engine}, v
                 )
         return True
-
-    def _process_samples(self, g: _Gpu) -> list[tuple[int, float | None, dict[str, float]]]:
-        """(pid, used bytes or None, {engine: mean %}) for each process on ``g``."""
-        n, h = self.nvml, g.handle
-        mem: dict[int, float | None] = {}
-        for p in n.nvmlDeviceGetComputeRunningProcesses(h):
-            mem[int(p.pid)] = None if p.usedGpuMemory is None else float(p.usedGpuMemory)
-        util: dict[int, dict[str, list[float]]] = {}
-        since_us = int((self.clock() - self.window_s) * 1e6)
-        try:
-            for s in n.nvmlDeviceGetProcessUtilization(h, since_us):
-                u = util.setdefault(int(s.pid), {"sm": [], "memory_copy": []})
-                u["sm"].append(float(s.smUtil))
-                u["memory_copy"].append(float(s.memUtil))
-        except n.NVMLError as exc:
-            if exc.value not in UNSUPPORTED_CODES:
-                raise
-        out = []
-        for pid in sorted(set(mem) | set(util)):
-            means = {k: sum(v) / len(v) for k, v in util.get(pid, {}).items() if v}
-            out.append((pid, mem.get(pid), means))
-        return out
 
     def close(self) -> None:
         """Stop the sampler and shut NVML down (idempotent)."""
