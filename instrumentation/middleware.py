@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _ROUTE_CACHE_MAX = 4096
+#: The request headers the middleware reads (trace context; whether a body may follow).
+_READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"transfer-encoding", b"expect"})
+_getrandbits = random.getrandbits
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
@@ -303,6 +307,8 @@ class StagescopeMiddleware:
         no_body = True
         caller_state = b""
         for k, v in scope.get("headers") or ():
+            if k not in _READ_HEADERS:  # most headers: one set look-up
+                continue
             if k == b"traceparent":
                 if not seen:
                     header, seen = parse_traceparent(v), True
@@ -311,7 +317,7 @@ class StagescopeMiddleware:
             elif k == b"content-length":
                 if v.strip() not in (b"", b"0"):
                     no_body = False
-            elif k == b"transfer-encoding" or k == b"expect":
+            else:  # transfer-encoding, expect: a body may come
                 no_body = False
         current = current_context()
         live = current.get(SPAN_KEY)  # opentelemetry.trace.get_current_span(), from the same read
@@ -331,14 +337,14 @@ class StagescopeMiddleware:
                 rec.caller = parse_tracestate(caller_state.decode("latin-1"))
         else:
             if header is None:
-                rec.trace_id = new_trace_id()
+                rec.trace_id = _getrandbits(128) or 1  # new_trace_id() and new_span_id(), inline
                 rec.parent_span_id = 0
                 rec.parent_sampled = None
             else:
                 rec.trace_id, rec.parent_span_id, rec.parent_sampled = header
                 if caller_state:  # only with a valid traceparent (W3C: tracestate goes with it)
                     rec.caller = parse_tracestate(caller_state.decode("latin-1"))
-            rec.span_id = new_span_id()
+            rec.span_id = _getrandbits(64) or 1
         try:
             state.metrics.request_started()
         except Exception:

@@ -57,20 +57,20 @@ def server_send_only(send: Any, depth: int = 4) -> bool:
     """True when ``send`` is the server's (uvicorn's) own, reached through at most ``depth`` of
     Starlette's pass-through wrappers; False for anything else (and for anything unexpected)."""
     for _ in range(depth):
-        func = getattr(send, "__func__", send)  # a bound method: its function
-        code = getattr(func, "__code__", None)
-        if code is None:
+        try:  # a function, or a bound method (which passes __code__ and __closure__ on from its function)
+            code = send.__code__
+        except AttributeError:
             return False
         kind = _kinds.get(code, _UNSEEN)  # _kind's cache read here: this runs for every request
         if kind is _UNSEEN:
             kind = _kind(code)
-        if kind == "server":
-            return True
         if kind is None:
             return False
+        if kind == "server":
+            return True
         try:
-            send = func.__closure__[kind].cell_contents
-        except (TypeError, IndexError, ValueError):
+            send = send.__closure__[kind].cell_contents
+        except (AttributeError, TypeError, IndexError, ValueError):
             return False
     return False
 
