@@ -30,9 +30,9 @@ import logging
 import threading
 import time
 from asyncio import _get_running_loop
-from threading import get_ident as _get_ident
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
+from threading import get_ident as _get_ident
 from typing import Any
 
 from stagescope.names import STATUS_CLASS_CLIENT_CLOSED, STATUS_CODE_CLIENT_CLOSED

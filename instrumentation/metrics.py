@@ -25,8 +25,8 @@ import contextlib
 import itertools
 import os
 import threading
-from threading import get_ident as _get_ident
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from threading import get_ident as _get_ident
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram

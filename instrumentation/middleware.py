@@ -50,13 +50,15 @@ from stagescope.instrumentation.otel_context import (
     current_context,
     detach_request_context,
     join_live_span,
+    reset_context,
+    set_context,
 )
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
-from stagescope.instrumentation.serversend import send_outside, server_send_only
+from stagescope.instrumentation.serversend import server_send_only
 from stagescope.instrumentation.tracestate import parse_tracestate
-from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
+from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
 __all__ = ["MiddlewareState", "RouteResolver", "StagescopeMiddleware", "parse_traceparent"]
@@ -210,9 +212,7 @@ class _Exchange(ClientWatch):
                     await self._send(message)
                     return
                 if self._quiet:  # only the server's code runs in it: out of the context its timer copies
-                    self._token, self._otel_token = await send_outside(
-                        self._send, message, self.record, self._token, self._otel_token
-                    )
+                    await self._send_outside(message)
                 else:
                     await self._send(message)
                 self.end()
@@ -220,6 +220,27 @@ class _Exchange(ClientWatch):
         elif mtype == "http.response.start":
             self.record.status_code = message["status"]
         await self._send(message)
+
+
+    async def _send_outside(self, message: Message) -> None:
+        """The last send with the record's context variable and the request's OpenTelemetry context
+        reset, set again after it (see :mod:`~stagescope.instrumentation.serversend`). In another task
+        than the request's (a body sent from a task group, where the tokens do not apply) it runs as is."""
+        try:
+            _current.reset(self._token)
+        except (ValueError, RuntimeError):
+            await self._send(message)
+            return
+        otel = self._otel_token
+        ctx = current_context() if otel is not None else None
+        if otel is not None:
+            reset_context(otel)  # this task's token, reset in this task: the variable's own reset
+        try:
+            await self._send(message)
+        finally:
+            self._token = _current.set(self.record)
+            if otel is not None:
+                self._otel_token = set_context(ctx)
 
 
 class StagescopeMiddleware:
