@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 from stagescope import names
 from stagescope.instrumentation.exposition import MULTIPROC_ENV, make_metrics_app, reap_dead_workers
 from stagescope.instrumentation.families import instruments_for, release_instruments, resolve_buckets
+from stagescope.instrumentation.promfast import CountingChild as _CountingChild
 from stagescope.instrumentation.promfast import Observer as _Observer
 from stagescope.instrumentation.promfast import Pending as _Pending
 from stagescope.instrumentation.promfast import bisect_left as _bisect_left
@@ -373,19 +374,6 @@ class StageMetrics:
         with self._flush_lock:
             self._req_pending.clear()
             self._stage_pending.clear()
-
-
-class _CountingChild:
-    """A histogram child that also counts each observation in a counter."""
-
-    __slots__ = ("_child", "_counter")
-
-    def __init__(self, child: Any, counter: Any) -> None:
-        self._child, self._counter = child, counter
-
-    def observe(self, value: float, exemplar: Any = None) -> None:
-        self._child.observe(value, exemplar)
-        self._counter.inc()
 
 
 _default: StageMetrics | None = None

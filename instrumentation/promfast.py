@@ -4,6 +4,9 @@ observations stagescope makes on every request (:class:`~stagescope.instrumentat
 The checks a labelled child passes every time (observable, not ``mostrecent``) are done once, when the
 child is wrapped; what is then done per observation is exactly what prometheus-client does after them,
 on its own value objects and their locks (tests/test_metrics_core.py compares the expositions).
+:class:`Pending` goes further for the observations of one thread in one process: it counts them in
+plain Python numbers and adds them to those value objects when the registry is collected
+(tests/test_metrics_deferred.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Observer", "Pending", "bisect_left", "deferrable", "value_inc"]
+__all__ = ["CountingChild", "Observer", "Pending", "bisect_left", "deferrable", "value_inc"]
 
 #: ``bisect.bisect_left``: the index of the first bound >= a value (the bucket prometheus-client picks)
 bisect_left = bisect.bisect_left
@@ -128,3 +131,16 @@ class Pending:
         if total != self._done_total:
             self._add_sum(total - self._done_total)
             self._done_total = total
+
+
+class CountingChild:
+    """A histogram child that also counts each observation in a counter."""
+
+    __slots__ = ("_child", "_counter")
+
+    def __init__(self, child: Any, counter: Any) -> None:
+        self._child, self._counter = child, counter
+
+    def observe(self, value: float, exemplar: Any = None) -> None:
+        self._child.observe(value, exemplar)
+        self._counter.inc()
