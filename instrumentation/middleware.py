@@ -55,9 +55,10 @@ from stagescope.instrumentation.otel_context import (
 )
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
+from stagescope.instrumentation.routes import RouteResolver
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
 from stagescope.instrumentation.serversend import server_send_only
-from stagescope.instrumentation.tracestate import parse_tracestate
+from stagescope.instrumentation.tracestate import parse_traceparent, parse_tracestate
 from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
@@ -71,72 +72,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_ROUTE_CACHE_MAX = 4096
 #: The request headers the middleware reads (trace context; whether a body may follow).
 _READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"transfer-encoding", b"expect"})
 _getrandbits = random.getrandbits
-
-
-def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
-    """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent`` value, or None if invalid."""
-    if len(value) < 55 or value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
-        return None
-    if value[:2] == b"ff" or (len(value) > 55 and (value[:2] == b"00" or value[55:56] != b"-")):
-        return None
-    try:
-        trace_id = int(value[3:35], 16)
-        span_id = int(value[36:52], 16)
-        flags = int(value[53:55], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id or b"+" in value[:55] or b" " in value[:55]:
-        return None
-    return trace_id, span_id, bool(flags & 1)
-
-
-class RouteResolver:
-    """Route template of a request, as opentelemetry-instrumentation-fastapi finds it, cached."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self._cache: dict[tuple[str, str], str | None] = {}
-        self._nroutes = -1
-
-    def resolve(self, scope: Scope) -> str | None:
-        routes = self.app.router.routes
-        if len(routes) != self._nroutes:  # routes added after instrument_app: start over
-            self._cache.clear()
-            self._nroutes = len(routes)
-        key = (scope.get("method", ""), scope.get("path", ""))
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
-        route = self._match(scope, routes)
-        if len(self._cache) >= _ROUTE_CACHE_MAX:
-            self._cache.clear()
-        self._cache[key] = route
-        return route
-
-    @staticmethod
-    def _match(scope: Scope, routes: Any) -> str | None:
-        from starlette.routing import Match, Route
-
-        try:
-            from fastapi.routing import iter_route_contexts
-
-            candidates: Any = iter_route_contexts(routes)
-        except ImportError:  # FastAPI < 0.137.2: routes are matchable as they are
-            candidates = routes
-        route: str | None = None
-        for r in candidates:
-            match, _ = Route.matches(r, scope) if isinstance(r, Route) else r.matches(scope)
-            if match == Match.FULL:
-                route = getattr(r, "path", None) or scope.get("path")
-                break
-            if match == Match.PARTIAL:
-                route = getattr(r, "path", None)
-        return route
 
 
 RecordHook = Callable[[TracedRecord], None]
