@@ -314,6 +314,7 @@ def instrument_app(
         destination=span_processor_of(provider) if pipeline is not None else None,
     )
     metrics_route = _mount_metrics(app, metrics_path, metrics)
+    state.resolver.last = metrics_route
     if mode == "otel-fastapi":
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 

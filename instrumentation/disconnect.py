@@ -29,10 +29,10 @@ import contextlib
 import logging
 import threading
 import time
-import weakref
 from asyncio import _get_running_loop
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
+from threading import get_ident as _get_ident
 from typing import Any
 
 from stagescope.names import STATUS_CLASS_CLIENT_CLOSED, STATUS_CODE_CLIENT_CLOSED
@@ -46,6 +46,7 @@ Receive = Callable[[], Awaitable[Message]]
 
 #: Seconds a request runs before a ``receive()`` is kept pending to notice its client leaving.
 WATCH_AFTER_S = 0.05
+_WATCH_AFTER_NS = int(WATCH_AFTER_S * 1e9)
 
 _DISCONNECT_ERRORS = ("ClientDisconnect", "ClosedResourceError", "BrokenResourceError", "EndOfStream")
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
@@ -75,7 +76,9 @@ def is_disconnect_error(exc: BaseException) -> bool:
 
 class _Sweeper:
     """Arms the watches of one event loop once their request has run WATCH_AFTER_S: one timer for all
-    requests in flight (oldest first), instead of a timer per request."""
+    requests in flight (oldest first), instead of a timer per request. A watch's ``started`` is its
+    request's start on ``time.perf_counter_ns`` (the record's ``start_ns``), so registering one reads
+    no clock; the timer's delays are taken from the same clock."""
 
     __slots__ = ("_handle", "_loop", "_watches")
 
@@ -84,22 +87,19 @@ class _Sweeper:
         self._watches: dict[ClientWatch, None] = {}  # insertion order = start order (identity keys)
         self._handle: asyncio.TimerHandle | None = None
 
-    def add(self, watch: ClientWatch) -> None:
-        self._watches[watch] = None
-        if self._handle is None:
-            self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
-
-    def discard(self, watch: ClientWatch) -> None:
-        self._watches.pop(watch, None)
+    def arm_timer(self, started_ns: int) -> None:
+        """Run :meth:`_tick` when a request started at ``started_ns`` has run WATCH_AFTER_S."""
+        delay = (started_ns + _WATCH_AFTER_NS - time.perf_counter_ns()) / 1e9
+        self._handle = self._loop.call_later(max(0.0, delay), self._tick)
 
     def _tick(self) -> None:
         self._handle = None
-        now = self._loop.time()
+        now = time.perf_counter_ns()
         watches = self._watches
         while watches:
             watch = next(iter(watches))
-            if watch.started + WATCH_AFTER_S > now:
-                self._handle = self._loop.call_at(watch.started + WATCH_AFTER_S, self._tick)
+            if watch.started + _WATCH_AFTER_NS > now:
+                self.arm_timer(watch.started)
                 return
             del watches[watch]
             try:
@@ -108,24 +108,23 @@ class _Sweeper:
                 _log.debug("stagescope: arming a disconnect watch failed", exc_info=True)
 
 
-_sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = weakref.WeakKeyDictionary()
-_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Sweeper] | None = None  # the common case: one loop
+#: This thread's sweeper (``.sweeper``): the one of the loop that ran in it last.
+_local = threading.local()
 
 
 def _sweeper() -> _Sweeper | None:
-    """The running loop's sweeper; None outside asyncio (trio: only what the app receives tells). It runs
-    for every request, so the common case (the loop seen last) is a lookup without exceptions."""
-    global _last
+    """The running loop's sweeper; None outside asyncio (trio: only what the app receives tells).
+
+    ClientWatch first tries this thread's last sweeper, whose loop is the running one while that
+    loop's ``_thread_id`` is this thread (asyncio's loops set it while they run): no lookup of the
+    running loop, which in CPython 3.11 costs a ``getpid`` system call per request. Otherwise (a new
+    loop, uvloop, a loop in another thread) this looks it up."""
     loop = _get_running_loop()
     if loop is None:
         return None
-    last = _last
-    if last is not None and last[0]() is loop:
-        return last[1]
-    sweeper = _sweepers.get(loop)
-    if sweeper is None:
-        sweeper = _sweepers[loop] = _Sweeper(loop)
-    _last = (weakref.ref(loop), sweeper)
+    sweeper = getattr(_local, "sweeper", None)
+    if sweeper is None or sweeper._loop is not loop:
+        sweeper = _local.sweeper = _Sweeper(loop)  # a new loop: the old one's watches went with it
     return sweeper
 
 
@@ -155,10 +154,16 @@ class ClientWatch:
         self._waiter: asyncio.Future[None] | None = None
         self._body_done = body_done
         self._armed = False
-        self._sweeper = sweeper = _sweeper()
+        self.started: int = record.start_ns  # time.perf_counter_ns() at the request's start
+        # this thread's last sweeper while its loop runs here (see _sweeper): this runs for every request
+        sweeper = getattr(_local, "sweeper", None)
+        if sweeper is None or getattr(sweeper._loop, "_thread_id", None) != _get_ident():
+            sweeper = _sweeper()
+        self._sweeper = sweeper
         if sweeper is not None:
-            self.started = sweeper._loop.time()
-            sweeper.add(self)
+            sweeper._watches[self] = None
+            if sweeper._handle is None:
+                sweeper.arm_timer(self.started)
 
     def _arm(self) -> None:
         self._armed = True
@@ -215,8 +220,9 @@ class ClientWatch:
     def stop(self) -> None:
         """The request is over: leave the sweeper, drop a ``receive()`` still pending (servers that would
         hold it)."""
-        if self._sweeper is not None:
-            self._sweeper.discard(self)
+        sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper._watches.pop(self, None)
         task = self._task
         if task is not None and not task.done():
             task.cancel()

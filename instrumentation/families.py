@@ -34,7 +34,7 @@ import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -52,6 +52,8 @@ _HISTOGRAMS = (
     names.METRIC_GENAI_TPOT,
     names.METRIC_INTER_TOKEN,
 )
+#: Families whose per-request observations may wait in a StageMetrics until the registry is collected.
+_DEFERRED = frozenset({names.METRIC_REQUEST_DURATION, names.METRIC_STAGE_DURATION})
 
 
 def resolve_buckets(overrides: Mapping[str, Sequence[float]] | None = None) -> dict[str, tuple[float, ...]]:
@@ -74,17 +76,45 @@ def resolve_buckets(overrides: Mapping[str, Sequence[float]] | None = None) -> d
     return out
 
 
+class _Flushing:
+    """A family that first adds its users' pending observations
+    (:class:`~stagescope.instrumentation.promfast.Pending`) to its values whenever it is collected
+    (a scrape, ``generate_latest``, ``registry.get_sample_value``), so a reader never sees less than
+    was observed before it asked."""
+
+    _stagescope_flush: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Any]:
+        flush = self._stagescope_flush
+        if flush is not None:
+            flush()
+        return super().collect()  # type: ignore[misc]
+
+
+class _FlushingHistogram(_Flushing, Histogram):
+    pass
+
+
+class _FlushingGauge(_Flushing, Gauge):
+    pass
+
+
 class Instruments:
-    """The prometheus-client objects of one registry (shared by every StageMetrics on that registry)."""
+    """The prometheus-client objects of one registry (shared by every StageMetrics on that registry).
+
+    ``flushers``: each user's ``flush`` (it adds what that StageMetrics counted on its request path
+    to the request, stage and in-flight families); run before those families are collected."""
 
     def __init__(self, registry: CollectorRegistry, buckets: dict[str, tuple[float, ...]]) -> None:
         self.buckets = buckets
         self.users = 0  # StageMetrics objects using these instruments
+        self.flushers: list[Callable[[], None]] = []
         r = registry
         m, route, stage_ = names.LABEL_MODEL, names.LABEL_ROUTE, names.LABEL_STAGE
 
         def hist(name: str, doc: str, labels: tuple[str, ...]) -> Histogram:
-            return Histogram(name, doc, labels, registry=r, buckets=buckets[name])
+            cls = _FlushingHistogram if name in _DEFERRED else Histogram
+            return cls(name, doc, labels, registry=r, buckets=buckets[name])
 
         self.request = hist(
             names.METRIC_REQUEST_DURATION,
@@ -131,7 +161,7 @@ class Instruments:
             registry=r,
             multiprocess_mode="livesum",
         )
-        self.inflight = Gauge(
+        self.inflight = _FlushingGauge(
             names.METRIC_INFLIGHT,
             "Requests being served right now.",
             registry=r,
@@ -163,6 +193,14 @@ class Instruments:
             self.queue_depth, self.inflight, self.shed, self.exported, self.dropped, self.loads,
             self.ready, self.busy, self.folded,
         )  # fmt: skip
+        for family in (self.request, self.stage, self.inflight):
+            if isinstance(family, _Flushing):
+                family._stagescope_flush = self.flush
+
+    def flush(self) -> None:
+        """Run every user's flush (each serialises its own)."""
+        for flush in tuple(self.flushers):
+            flush()
 
     def unregister(self, registry: CollectorRegistry) -> None:
         for c in self.collectors:

@@ -21,10 +21,12 @@ and prometheus-client does not keep them in multiprocess mode.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from threading import get_ident as _get_ident
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
@@ -32,8 +34,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 from stagescope import names
 from stagescope.instrumentation.exposition import MULTIPROC_ENV, make_metrics_app, reap_dead_workers
 from stagescope.instrumentation.families import instruments_for, release_instruments, resolve_buckets
+from stagescope.instrumentation.promfast import CountingChild as _CountingChild
 from stagescope.instrumentation.promfast import Observer as _Observer
+from stagescope.instrumentation.promfast import Pending as _Pending
 from stagescope.instrumentation.promfast import bisect_left as _bisect_left
+from stagescope.instrumentation.promfast import deferrable as _deferrable
 from stagescope.instrumentation.promfast import value_inc as _value_inc
 from stagescope.instrumentation.record import RequestRecord
 
@@ -79,6 +84,15 @@ class StageMetrics:
     first ``UNCONFIGURED_MODEL_CAP`` names seen). ``buckets``: per-family bucket overrides keyed by
     ``names.METRIC_*``. Label children are cached, so an observation costs one dict lookup plus
     prometheus-client's own work.
+
+    **Deferred observations.** In one process (not prometheus-client's multiprocess mode) the
+    request and stage observations and the in-flight count of the requests served on one thread (the
+    first that calls :meth:`request_started`: the event loop's) are counted in plain Python numbers
+    (:class:`~stagescope.instrumentation.promfast.Pending`, about a third of the interpreter work of
+    prometheus-client's ``observe``) and added to the families whenever the registry is collected
+    (:meth:`flush`, run by the families themselves), so every reader sees every observation made
+    before it asked. Observations with an exemplar (kept traces), from other threads and in
+    multiprocess mode go to prometheus-client at once.
     """
 
     def __init__(
@@ -104,6 +118,18 @@ class StageMetrics:
         self._req_children: dict[tuple[str, str, int | None], _Observer] = {}  # (route, model, status)
         self._stage_children: dict[tuple[str, str, str], _Observer] = {}
         self._released = False
+        # deferred observations (see the class docstring): the thread that owns them (0: none yet,
+        # -1: never, multiprocess values), its counts of started and finished requests, and what of
+        # them the in-flight gauge has been given
+        self._owner = 0 if _deferrable(getattr(self._i.inflight, "_value", None)) else -1
+        self._started = 0
+        self._finished = 0
+        self._inflight_done = 0
+        self._req_pending: dict[tuple[str, str, int | None], _Pending] = {}
+        self._stage_pending: dict[tuple[str, str, str], _Pending] = {}
+        self._flush_lock = threading.Lock()
+        self._owner_lock = threading.Lock()
+        self._i.flushers.append(self.flush)
 
     # -- label folding --------------------------------------------------------------------------
     def fold_model(self, name: str | None) -> str:
@@ -143,7 +169,31 @@ class StageMetrics:
     # -- per request ----------------------------------------------------------------------------
     def request_started(self) -> None:
         """A request entered the server (inflight + 1)."""
-        self._inflight_add(1)
+        if _get_ident() == self._owner:
+            self._started += 1
+        elif self._owner == 0:
+            self._claim()
+            self.request_started()
+        else:
+            self._inflight_add(1)
+
+    def _claim(self) -> None:
+        """The first thread to start a request owns the deferred counts (see the class docstring)."""
+        with self._owner_lock:
+            if self._owner == 0:
+                self._owner = _get_ident()
+
+    def flush(self) -> None:
+        """Add the deferred observations and in-flight count to the families (run before each
+        collection of the registry; also safe to call at any time, from any thread)."""
+        with self._flush_lock:
+            finished = self._finished  # read before started: a request finishes after it started
+            inflight = self._started - finished
+            if inflight != self._inflight_done:
+                self._inflight_add(inflight - self._inflight_done)
+                self._inflight_done = inflight
+            for pending in (*self._req_pending.values(), *self._stage_pending.values()):
+                pending.flush()
 
     def request_finished(self, record: RequestRecord, trace_id: str | None = None) -> None:
         """Inflight - 1 and publish everything measured on ``record`` (call once, after its end).
@@ -152,20 +202,51 @@ class StageMetrics:
         for traces that are kept, so an exemplar never points at a trace that was sampled out.
         """
         i = self._i
-        self._inflight_add(-1)
         try:
             model = self._folded[record.model]
         except KeyError:
             model = self.fold_model(record.model)
-        ex = {"trace_id": trace_id} if trace_id else None
         end = record.end_ns
         start = record.start_ns
         route = record.route or names.UNMATCHED_ROUTE
         if route not in self._routes:
             route = self._route(route)
         code = record.status_code
+        if trace_id is None and _get_ident() == self._owner:
+            # deferred (the class docstring): Pending's counts written out, for every request
+            self._finished += 1
+            if end is not None:
+                pend = self._req_pending.get((route, model, code))
+                if pend is None:
+                    pend = self._pending_request(route, model, code)
+                v = (end - start) / 1e9  # from integer nanoseconds: never NaN
+                counts = pend.counts
+                if counts is None:
+                    pend.child.observe(v)
+                else:
+                    counts[_bisect_left(pend.bounds, v)] += 1
+                    pend.total += v
+            for iv in record.stages:
+                pend = self._stage_pending.get((iv.stage, iv.kind, model))
+                if pend is None:
+                    pend = self._pending_stage(iv.stage, iv.kind, iv.stage_kind, model)
+                v = (iv.end_ns - iv.start_ns) / 1e9
+                counts = pend.counts
+                if counts is None:
+                    pend.child.observe(v)
+                else:
+                    counts[_bisect_left(pend.bounds, v)] += 1
+                    pend.total += v
+            if code == 429:
+                self._child(i.shed, route, model).inc()
+            if not record.token_ns and record.output_tokens is None and record.input_tokens is None:
+                return  # not an LLM request
+            self._genai(record, model, None)
+            return
+        self._inflight_add(-1)
+        ex = {"trace_id": trace_id} if trace_id else None
         # the request and stage observations are _Observer.observe written out (durations from integer
-        # nanoseconds are never NaN): this runs for every request
+        # nanoseconds are never NaN)
         if end is not None:
             key = (route, model, code)
             obs = self._req_children.get(key)
@@ -193,9 +274,30 @@ class StageMetrics:
             else:
                 add_sum(v)
                 obs._buckets[_bisect_left(obs._bounds, v)](1)
-        tokens = record.token_ns
-        if not tokens and record.output_tokens is None and record.input_tokens is None:
+        if not record.token_ns and record.output_tokens is None and record.input_tokens is None:
             return  # not an LLM request
+        self._genai(record, model, ex)
+
+    def _pending_request(self, route: str, model: str, code: int | None) -> _Pending:
+        pend = _Pending(self._i.request.labels(route, model, status_class(code)))
+        with self._flush_lock:  # flush copies the values under this lock
+            self._req_pending[(route, model, code)] = pend
+        return pend
+
+    def _pending_stage(self, stage: str, kind: str, stage_kind: str, model: str) -> _Pending:
+        child = self._i.stage.labels(stage, stage_kind, model)
+        # folded intervals are also counted: that child's observe runs (no deferral)
+        pend = _Pending(_CountingChild(child, self._i.folded) if stage == names.STAGE_OVERFLOW else child)
+        with self._flush_lock:
+            self._stage_pending[(stage, kind, model)] = pend
+        return pend
+
+    def _genai(self, record: RequestRecord, model: str, ex: dict[str, str] | None) -> None:
+        """The GenAI families of a request that produced or consumed tokens."""
+        i = self._i
+        end = record.end_ns
+        start = record.start_ns
+        tokens = record.token_ns
         if end is not None:
             self._child(i.genai_request, model).observe((end - start) / 1e9, ex)
         if record.first_token_ns is not None:
@@ -261,24 +363,17 @@ class StageMetrics:
         if self._released:
             return
         self._released = True
+        self.flush()  # families another StageMetrics still uses keep this one's observations
+        with contextlib.suppress(ValueError):
+            self._i.flushers.remove(self.flush)
         if not release_instruments(self.registry, self._i):
             return
         self._children.clear()
         self._req_children.clear()
         self._stage_children.clear()
-
-
-class _CountingChild:
-    """A histogram child that also counts each observation in a counter."""
-
-    __slots__ = ("_child", "_counter")
-
-    def __init__(self, child: Any, counter: Any) -> None:
-        self._child, self._counter = child, counter
-
-    def observe(self, value: float, exemplar: Any = None) -> None:
-        self._child.observe(value, exemplar)
-        self._counter.inc()
+        with self._flush_lock:
+            self._req_pending.clear()
+            self._stage_pending.clear()
 
 
 _default: StageMetrics | None = None

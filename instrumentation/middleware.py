@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,13 +50,16 @@ from stagescope.instrumentation.otel_context import (
     current_context,
     detach_request_context,
     join_live_span,
+    reset_context,
+    set_context,
 )
 from stagescope.instrumentation.pipeline import SpanPipeline
 from stagescope.instrumentation.record import _current, now_ns
+from stagescope.instrumentation.routes import RouteResolver
 from stagescope.instrumentation.sampling import REASON_BASELINE, SamplingPolicy
-from stagescope.instrumentation.serversend import send_outside, server_send_only
-from stagescope.instrumentation.tracestate import parse_tracestate
-from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id, new_trace_id
+from stagescope.instrumentation.serversend import server_send_only
+from stagescope.instrumentation.tracestate import parse_traceparent, parse_tracestate
+from stagescope.instrumentation.tracing import SpanBuilder, TracedRecord, new_span_id
 from stagescope.names import STATUS_CODE_CLIENT_CLOSED, UNMATCHED_ROUTE
 
 __all__ = ["MiddlewareState", "RouteResolver", "StagescopeMiddleware", "parse_traceparent"]
@@ -68,69 +72,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_ROUTE_CACHE_MAX = 4096
-
-
-def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
-    """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent`` value, or None if invalid."""
-    if len(value) < 55 or value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
-        return None
-    if value[:2] == b"ff" or (len(value) > 55 and (value[:2] == b"00" or value[55:56] != b"-")):
-        return None
-    try:
-        trace_id = int(value[3:35], 16)
-        span_id = int(value[36:52], 16)
-        flags = int(value[53:55], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id or b"+" in value[:55] or b" " in value[:55]:
-        return None
-    return trace_id, span_id, bool(flags & 1)
-
-
-class RouteResolver:
-    """Route template of a request, as opentelemetry-instrumentation-fastapi finds it, cached."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self._cache: dict[tuple[str, str], str | None] = {}
-        self._nroutes = -1
-
-    def resolve(self, scope: Scope) -> str | None:
-        routes = self.app.router.routes
-        if len(routes) != self._nroutes:  # routes added after instrument_app: start over
-            self._cache.clear()
-            self._nroutes = len(routes)
-        key = (scope.get("method", ""), scope.get("path", ""))
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
-        route = self._match(scope, routes)
-        if len(self._cache) >= _ROUTE_CACHE_MAX:
-            self._cache.clear()
-        self._cache[key] = route
-        return route
-
-    @staticmethod
-    def _match(scope: Scope, routes: Any) -> str | None:
-        from starlette.routing import Match, Route
-
-        try:
-            from fastapi.routing import iter_route_contexts
-
-            candidates: Any = iter_route_contexts(routes)
-        except ImportError:  # FastAPI < 0.137.2: routes are matchable as they are
-            candidates = routes
-        route: str | None = None
-        for r in candidates:
-            match, _ = Route.matches(r, scope) if isinstance(r, Route) else r.matches(scope)
-            if match == Match.FULL:
-                route = getattr(r, "path", None) or scope.get("path")
-                break
-            if match == Match.PARTIAL:
-                route = getattr(r, "path", None)
-        return route
+#: The request headers the middleware reads (trace context; whether a body may follow).
+_READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"transfer-encoding", b"expect"})
+_getrandbits = random.getrandbits
 
 
 RecordHook = Callable[[TracedRecord], None]
@@ -206,9 +150,7 @@ class _Exchange(ClientWatch):
                     await self._send(message)
                     return
                 if self._quiet:  # only the server's code runs in it: out of the context its timer copies
-                    self._token, self._otel_token = await send_outside(
-                        self._send, message, self.record, self._token, self._otel_token
-                    )
+                    await self._send_outside(message)
                 else:
                     await self._send(message)
                 self.end()
@@ -216,6 +158,27 @@ class _Exchange(ClientWatch):
         elif mtype == "http.response.start":
             self.record.status_code = message["status"]
         await self._send(message)
+
+
+    async def _send_outside(self, message: Message) -> None:
+        """The last send with the record's context variable and the request's OpenTelemetry context
+        reset, set again after it (see :mod:`~stagescope.instrumentation.serversend`). In another task
+        than the request's (a body sent from a task group, where the tokens do not apply) it runs as is."""
+        try:
+            _current.reset(self._token)
+        except (ValueError, RuntimeError):
+            await self._send(message)
+            return
+        otel = self._otel_token
+        ctx = current_context() if otel is not None else None
+        if otel is not None:
+            reset_context(otel)  # this task's token, reset in this task: the variable's own reset
+        try:
+            await self._send(message)
+        finally:
+            self._token = _current.set(self.record)
+            if otel is not None:
+                self._otel_token = set_context(ctx)
 
 
 class StagescopeMiddleware:
@@ -303,6 +266,8 @@ class StagescopeMiddleware:
         no_body = True
         caller_state = b""
         for k, v in scope.get("headers") or ():
+            if k not in _READ_HEADERS:  # most headers: one set look-up
+                continue
             if k == b"traceparent":
                 if not seen:
                     header, seen = parse_traceparent(v), True
@@ -311,7 +276,7 @@ class StagescopeMiddleware:
             elif k == b"content-length":
                 if v.strip() not in (b"", b"0"):
                     no_body = False
-            elif k == b"transfer-encoding" or k == b"expect":
+            else:  # transfer-encoding, expect: a body may come
                 no_body = False
         current = current_context()
         live = current.get(SPAN_KEY)  # opentelemetry.trace.get_current_span(), from the same read
@@ -331,14 +296,14 @@ class StagescopeMiddleware:
                 rec.caller = parse_tracestate(caller_state.decode("latin-1"))
         else:
             if header is None:
-                rec.trace_id = new_trace_id()
+                rec.trace_id = _getrandbits(128) or 1  # new_trace_id() and new_span_id(), inline
                 rec.parent_span_id = 0
                 rec.parent_sampled = None
             else:
                 rec.trace_id, rec.parent_span_id, rec.parent_sampled = header
                 if caller_state:  # only with a valid traceparent (W3C: tracestate goes with it)
                     rec.caller = parse_tracestate(caller_state.decode("latin-1"))
-            rec.span_id = new_span_id()
+            rec.span_id = _getrandbits(64) or 1
         try:
             state.metrics.request_started()
         except Exception:

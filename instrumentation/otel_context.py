@@ -57,6 +57,8 @@ __all__ = [
     "is_otel_server_middleware",
     "join_live_span",
     "request_context",
+    "reset_context",
+    "set_context",
     "span_processor_of",
 ]
 
@@ -90,6 +92,11 @@ _VAR = _runtime_context_var()
 #: to see whether another instrumentation's span is current and to build the request's context.
 current_context: Callable[[], otel_context.Context] = _VAR.get if _VAR is not None else otel_context.get_current
 _set = _VAR.set if _VAR is not None else None
+#: ``opentelemetry.context.attach`` and ``detach`` as the variable's own ``set`` and ``reset`` under the
+#: default runtime context: for a context switched out and back in the same task (the last send),
+#: where the token is sure to be this context's
+set_context: Callable[[Any], Any] = _VAR.set if _VAR is not None else otel_context.attach
+reset_context: Callable[[Any], Any] = _VAR.reset if _VAR is not None else otel_context.detach
 
 #: Classes whose instances open a SERVER span per request (module, name), as FastAPI itself tells
 #: opentelemetry-instrumentation-asgi's middleware apart (fastapi/telemetry/_asgi.py ``_legacy_otel``).

@@ -4,6 +4,9 @@ observations stagescope makes on every request (:class:`~stagescope.instrumentat
 The checks a labelled child passes every time (observable, not ``mostrecent``) are done once, when the
 child is wrapped; what is then done per observation is exactly what prometheus-client does after them,
 on its own value objects and their locks (tests/test_metrics_core.py compares the expositions).
+:class:`Pending` goes further for the observations of one thread in one process: it counts them in
+plain Python numbers and adds them to those value objects when the registry is collected
+(tests/test_metrics_deferred.py).
 """
 
 from __future__ import annotations
@@ -13,10 +16,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Observer", "bisect_left", "value_inc"]
+__all__ = ["CountingChild", "Observer", "Pending", "bisect_left", "deferrable", "value_inc"]
 
 #: ``bisect.bisect_left``: the index of the first bound >= a value (the bucket prometheus-client picks)
 bisect_left = bisect.bisect_left
+
+
+def deferrable(value: Any) -> bool:
+    """True for a prometheus-client value object that lives in this process only (``MutexValue``:
+    ``_multiprocess`` False), whose readers all go through this process's registry; False for the
+    multiprocess mmap values another process reads from disk, and for anything unexpected."""
+    return getattr(value, "_multiprocess", True) is False and callable(getattr(value, "inc", None))
 
 
 def value_inc(metric: Any) -> Callable[[float], None]:
@@ -63,3 +73,74 @@ class Observer:
             return
         add_sum(value)
         self._buckets[bisect_left(self._bounds, value)](1)
+
+
+class Pending:
+    """A histogram child's observations counted in plain Python numbers and added to the child's own
+    values (its sum and bucket value objects, under their locks) when the registry is collected.
+
+    Why: on every request stagescope observes the request histogram and one stage histogram per
+    stage; through prometheus-client each observation is two ``MutexValue.inc`` calls, each a Python
+    call taking a lock. Here the request path does ``counts[bisect_left(bounds, v)] += 1`` and
+    ``total += v`` instead, and :meth:`flush` adds what was counted since the last flush (one ``inc``
+    per bucket that moved, one for the sum). The owner (StageMetrics) guarantees a single writer: only
+    the thread that owns the object writes ``counts`` and ``total`` (requests from any other thread, and
+    every observation with an exemplar, go to the child's own ``observe``), and :meth:`flush` only reads
+    them, so no count is lost without a lock on the request path. Only for values that live in this
+    process (:func:`deferrable`): a multiprocess child is read from its file by another process, which
+    cannot ask this one to flush. ``counts``/``total`` are None for a child that cannot be deferred:
+    the owner then calls ``child.observe`` itself."""
+
+    __slots__ = ("_add_sum", "_done", "_done_total", "_incs", "bounds", "child", "counts", "total")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.counts: list[int] | None = None
+        self.bounds: tuple[float, ...] = ()
+        self.total = 0.0
+        self._done: list[int] = []
+        self._done_total = 0.0
+        self._incs: tuple[Callable[[float], None], ...] = ()
+        self._add_sum: Callable[[float], None] | None = None
+        try:
+            bounds = tuple(float(b) for b in child._upper_bounds)
+            values = (*child._buckets, child._sum)
+        except (AttributeError, TypeError):
+            return
+        if not bounds or len(bounds) != len(values) - 1 or bounds[-1] != math.inf:
+            return
+        if not all(deferrable(v) for v in values):
+            return
+        self.bounds = bounds
+        self._incs = tuple(v.inc for v in values[:-1])
+        self._add_sum = values[-1].inc
+        self._done = [0] * len(bounds)
+        self.counts = [0] * len(bounds)
+
+    def flush(self) -> None:
+        """Add what was counted since the last flush to the child's values (callers serialise flushes)."""
+        counts, done = self.counts, self._done
+        if counts is None or self._add_sum is None:
+            return
+        for k, inc in enumerate(self._incs):
+            c = counts[k]
+            if c != done[k]:
+                inc(c - done[k])
+                done[k] = c
+        total = self.total
+        if total != self._done_total:
+            self._add_sum(total - self._done_total)
+            self._done_total = total
+
+
+class CountingChild:
+    """A histogram child that also counts each observation in a counter."""
+
+    __slots__ = ("_child", "_counter")
+
+    def __init__(self, child: Any, counter: Any) -> None:
+        self._child, self._counter = child, counter
+
+    def observe(self, value: float, exemplar: Any = None) -> None:
+        self._child.observe(value, exemplar)
+        self._counter.inc()

@@ -187,8 +187,7 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
         registry = _stagenames._NAMES  # resolve_stage's cache read here: a stage() per block is common
         got = registry._cache.get((name, kind)) if registry is not None else None
         self.name, self.kind = got if got is not None else resolve_stage(name, kind)
-        self._record: RequestRecord | None = None
-        self._start = 0
+        self._record: RequestRecord | None = None  # set by __enter__, with _start
 
     def __enter__(self) -> stage:
         self._record = _current.get()
@@ -198,8 +197,9 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._record is not None:
-            self._record.stages.append(StageInterval(self.name, self._start, now_ns(), self.kind))
+        rec = self._record
+        if rec is not None:
+            rec.stages.append(StageInterval(self.name, self._start, now_ns(), self.kind))
 
     async def __aenter__(self) -> stage:
         return self.__enter__()

@@ -8,19 +8,16 @@ promoted through its generations, and so the cause of most of the collections a 
 (measured in the README's Cost section). The middleware takes its record and OpenTelemetry context
 out of the current context for that one call, but only when nothing but the server and Starlette's
 own pass-through runs inside it: no middleware of the user's, no span that could end there, nobody to
-ask for ``current_request()``. Any other ``send`` keeps today's context.
+ask for ``current_request()`` (:func:`server_send_only` tells; the middleware's send does the rest).
+Any other ``send`` keeps today's context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from types import CodeType
 from typing import Any
 
-from stagescope.instrumentation.otel_context import attach_context, current_context, detach_request_context
-from stagescope.instrumentation.record import _current
-
-__all__ = ["send_outside", "server_send_only"]
+__all__ = ["server_send_only"]
 
 #: (file name suffix, function qualname) of sends that run the server's code only.
 _SERVER_SENDS = (
@@ -57,47 +54,19 @@ def server_send_only(send: Any, depth: int = 4) -> bool:
     """True when ``send`` is the server's (uvicorn's) own, reached through at most ``depth`` of
     Starlette's pass-through wrappers; False for anything else (and for anything unexpected)."""
     for _ in range(depth):
-        func = getattr(send, "__func__", send)  # a bound method: its function
-        code = getattr(func, "__code__", None)
-        if code is None:
+        try:  # a function, or a bound method (which passes __code__ and __closure__ on from its function)
+            code = send.__code__
+        except AttributeError:
             return False
         kind = _kinds.get(code, _UNSEEN)  # _kind's cache read here: this runs for every request
         if kind is _UNSEEN:
             kind = _kind(code)
-        if kind == "server":
-            return True
         if kind is None:
             return False
+        if kind == "server":
+            return True
         try:
-            send = func.__closure__[kind].cell_contents
-        except (TypeError, IndexError, ValueError):
+            send = send.__closure__[kind].cell_contents
+        except (AttributeError, TypeError, IndexError, ValueError):
             return False
     return False
-
-
-async def send_outside(
-    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    message: MutableMapping[str, Any],
-    rec: Any,
-    token: Any,
-    otel_token: Any,
-) -> tuple[Any, Any]:
-    """``await send(message)`` with the record's context variable (``token``) and the request's
-    OpenTelemetry context (``otel_token``, or None) reset, set again after it; returns the new tokens.
-    In another task than the request's (a streamed body sent from a task group, where the tokens do
-    not apply) the send runs as is."""
-    try:
-        _current.reset(token)
-    except (ValueError, RuntimeError):
-        await send(message)
-        return token, otel_token
-    ctx = current_context() if otel_token is not None else None
-    if ctx is not None:
-        detach_request_context(otel_token)
-    try:
-        await send(message)
-    finally:
-        token = _current.set(rec)
-        if ctx is not None:
-            otel_token = attach_context(ctx)
-    return token, otel_token

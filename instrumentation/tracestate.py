@@ -4,7 +4,8 @@ Specification: ``trace/tracestate-probability-sampling.md`` and ``trace/tracesta
 sampler's *rejection threshold* ``T`` is a 56-bit value, ``(1 - p) * 2^56`` for probability ``p``,
 written as ``th:<hex>`` (14 hex digits with the trailing zeros dropped; ``th:0`` = probability 1);
 ``rv:<14 hex digits>`` is an explicit 56-bit randomness value. Plain functions, no state: the policy
-that uses them is :mod:`stagescope.instrumentation.sampling`.
+that uses them is :mod:`stagescope.instrumentation.sampling`. Also :func:`parse_traceparent`, the
+W3C ``traceparent`` header the tracestate travels with (the middleware reads both per request).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "TH_PRECISION",
     "TRACESTATE_P1",
     "CallerState",
+    "parse_traceparent",
     "parse_tracestate",
     "probability_to_threshold",
     "threshold_probability",
@@ -112,3 +114,20 @@ def _tracestate(th: str | None, caller: CallerState | None) -> str | None:
     subs = ([f"{OT_THRESHOLD}:{th}"] if th is not None else []) + list(caller.ot_rest)
     members = ([f"{TRACESTATE_OT}={';'.join(subs)}"] if subs else []) + list(caller.others)
     return ",".join(members) or None
+
+
+def parse_traceparent(value: bytes) -> tuple[int, int, bool] | None:
+    """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent`` value, or None if invalid."""
+    if len(value) < 55 or value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
+        return None
+    if value[:2] == b"ff" or (len(value) > 55 and (value[:2] == b"00" or value[55:56] != b"-")):
+        return None
+    try:
+        trace_id = int(value[3:35], 16)
+        span_id = int(value[36:52], 16)
+        flags = int(value[53:55], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id or b"+" in value[:55] or b" " in value[:55]:
+        return None
+    return trace_id, span_id, bool(flags & 1)
