@@ -180,9 +180,20 @@ def _note_final(rec: Any, doc: dict[str, Any]) -> None:
             rec.output_tokens = usage["completion_tokens"]
 
 
-def _export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry) -> None:
-    """The measured service times as gauges: plain variants and, by occupancy, ``variant@own+others``."""
+def _export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry,
+                     measured_cpu_cores: Mapping[str, float] | None = None) -> None:
+    """The measured service times as gauges: plain variants and, by occupancy, ``variant@own+others``;
+    with ``measured_cpu_cores`` (same keys) the cores the request's server got in each measurement."""
     from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
+
+    if measured_cpu_cores:
+        cpu = Gauge(N.METRIC_EXECUTOR_OCCUPANCY_CPU, "cores (CPU s / wall s) the request's server process got in "
+                    "that measurement, before the run", [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS],
+                    registry=registry)  # fmt: skip
+        for key, cores in measured_cpu_cores.items():
+            got = parse_occupancy_key(key)
+            variant, own, others = got if got is not None else (key, 0, 0)  # 0+0: with every slot busy
+            cpu.labels(variant, str(own), str(others)).set(float(cores))
 
     g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
               "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
@@ -207,15 +218,23 @@ def create_gateway_app(
     registry: CollectorRegistry | None = None,
     service_name: str = "llama-cpp-gateway",
     measured_service_s: Mapping[str, float] | None = None,
+    measured_cpu_cores: Mapping[str, float] | None = None,
+    engine_pids: Mapping[int, int] | None = None,
 ) -> FastAPI:
     """The gateway as a FastAPI app in front of ``replica_urls`` (each with ``slots`` slots).
     ``measured_service_s``: one request's service time (s) with every slot busy, measured before the
     run, by variant (``serving``, or a lever such as ``scale-out`` for the servers it would run),
     exported as ``stagescope_executor_service_seconds{variant}`` for the scale-out model, and by
-    occupancy (``variant@own+others``) as ``stagescope_executor_occupancy_service_seconds``."""
+    occupancy (``variant@own+others``) as ``stagescope_executor_occupancy_service_seconds``;
+    ``measured_cpu_cores``: the cores the server got in each of those measurements. Its own CPU, that of
+    the engine servers it started (``engine_pids``: replica -> pid) and the machine's cores are exported
+    at each scrape (:class:`~stagescope.service.llama_cpp.cpu.ProcessCPU`) for the scale-out model."""
+    from stagescope.service.llama_cpp.cpu import ProcessCPU
+
     registry = registry if registry is not None else CollectorRegistry()
-    if measured_service_s:
-        _export_measured(measured_service_s, registry)
+    if measured_service_s or measured_cpu_cores:
+        _export_measured(measured_service_s or {}, registry, measured_cpu_cores)
+    registry.register(ProcessCPU(engine_pids))
     replicas = [Replica(i, u.rstrip("/"), slots) for i, u in enumerate(replica_urls)]
     router = Router(replicas)
     relay = MetricsRelay(replicas)

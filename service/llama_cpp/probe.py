@@ -26,6 +26,7 @@ __all__ = [
     "probe_gateway",
     "probe_servers",
     "probe_text",
+    "server_pid",
     "stream_gaps",
     "stream_hold_s",
     "timings",
@@ -34,6 +35,9 @@ __all__ = [
 
 #: Seconds the probe's gateway has to answer ``/readyz`` (it imports FastAPI, OpenTelemetry and the servers' check).
 GATEWAY_READY_S = 60.0
+
+#: The running probe servers' pids by URL (:func:`server_pid`).
+_PIDS: dict[str, int] = {}
 
 _PROBE_WORDS = ("alpha", "river", "stone", "garden", "window", "orange", "silver", "market", "planet", "yellow",
                 "bridge", "candle", "forest", "letter", "summer", "pencil", "rocket", "violet", "harbor", "meadow")  # fmt: skip
@@ -62,12 +66,20 @@ def probe_servers(cfg: Any) -> Iterator[list[str]]:
                 servers.append(LlamaServer(build.server, model.path, cfg, log=Path(tmp) / f"llama-server-{i}.log"))
             for s in servers:
                 s.wait_ready()
+                _PIDS[s.url] = s.proc.pid
             yield [s.url for s in servers]
         except OSError as exc:
             raise UserError(f"llama.cpp: the sizing probe failed: {exc}") from None
         finally:
             for s in servers:
+                _PIDS.pop(s.url, None)
                 s.stop()
+
+
+def server_pid(url: str) -> int | None:
+    """The pid of the :func:`probe_servers` server at ``url`` while it runs (its CPU is read from
+    ``/proc``: :func:`stagescope.service.llama_cpp.cpu.process_cpu_s`); None for any other URL."""
+    return _PIDS.get(url)
 
 
 def timings(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
