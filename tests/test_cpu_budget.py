@@ -179,3 +179,28 @@ def test_the_demo_recorder_adds_the_client_cpu_to_each_scrape() -> None:
     got = list(parse_exposition("up 1\n" + line))
     assert got[-1][0] == N.METRIC_PROCESS_CPU and got[-1][1] == {N.LABEL_ROLE: N.ROLE_CLIENT}
     assert got[-1][2] is not None and got[-1][2] >= 0.0
+
+
+def test_measured_cpu_overrides_become_gateway_options() -> None:
+    from stagescope.service.llama_cpp import engine
+    from stagescope.service.llama_cpp.scenarios import get_scenario
+    from stagescope.service.llama_cpp.slot_probe import MEASURED_CPU_PREFIX
+
+    cmd = engine.serve_command(get_scenario("llama-slots-busy"), port=1, spans_dir=Path("spans"), apply_lever=False,
+                               overrides={f"{MEASURED_CPU_PREFIX}scale-out@2+2": 0.85})  # fmt: skip
+    assert cmd[cmd.index("--measured-cpu") + 1] == "scale-out@2+2=0.85" and "--set" not in cmd
+
+
+def test_the_run_table_is_rescaled_only_where_both_the_run_and_the_probe_measured_cpu() -> None:
+    table = {(1, 0): 800.0, (2, 2): 1700.0}
+    con = _recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=7.0, tokens=100, holds=[(1, 4), (3, 6), (6, 9)])
+    assert CB.for_run(con, table, 1400.0, ["prefill", "decode"], N.LEVER_SCALE_OUT, replicas=2) == (table, 1400.0, None)
+    for (own, others), v in (((1, 0), 1.0), ((2, 2), 0.7)):
+        con.execute("INSERT INTO metric_samples VALUES (?, MAP(?, ?), ?, 1)",
+                    [N.METRIC_EXECUTOR_OCCUPANCY_CPU, [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS],
+                     [N.LEVER_SCALE_OUT, str(own), str(others)], v])  # fmt: skip
+    got, served, budget = CB.for_run(con, table, 1400.0, ["prefill", "decode"], N.LEVER_SCALE_OUT, replicas=2)
+    assert budget is not None and served == 1400.0  # no cores measured as served: S as measured
+    assert got == pytest.approx(CB.rescale(table, {(1, 0): 1.0, (2, 2): 0.7}, budget, served_ms=1400.0,
+                                           served_cores=None, replicas=2, tokens=100.0)[0])  # fmt: skip
+    assert got[(2, 2)] != 1700.0
