@@ -180,34 +180,6 @@ def _note_final(rec: Any, doc: dict[str, Any]) -> None:
             rec.output_tokens = usage["completion_tokens"]
 
 
-def _export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry,
-                     measured_cpu_cores: Mapping[str, float] | None = None) -> None:
-    """The measured service times as gauges: plain variants and, by occupancy, ``variant@own+others``;
-    with ``measured_cpu_cores`` (same keys) the cores the request's server got in each measurement."""
-    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
-
-    if measured_cpu_cores:
-        cpu = Gauge(N.METRIC_EXECUTOR_OCCUPANCY_CPU, "cores (CPU s / wall s) the request's server process got in "
-                    "that measurement, before the run", [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS],
-                    registry=registry)  # fmt: skip
-        for key, cores in measured_cpu_cores.items():
-            got = parse_occupancy_key(key)
-            variant, own, others = got if got is not None else (key, 0, 0)  # 0+0: with every slot busy
-            cpu.labels(variant, str(own), str(others)).set(float(cores))
-
-    g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
-              "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
-    occ = Gauge(N.METRIC_EXECUTOR_OCCUPANCY, "median s one request holds a slot with busy_own slots of its server "
-                "and busy_others of the other servers busy, measured before the run",
-                [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS], registry=registry)  # fmt: skip
-    for key, secs in measured_service_s.items():
-        parsed = parse_occupancy_key(key)
-        if parsed is None:
-            g.labels(key).set(float(secs))
-        else:
-            occ.labels(parsed[0], str(parsed[1]), str(parsed[2])).set(float(secs))
-
-
 def create_gateway_app(
     replica_urls: Sequence[str],
     slots: int,
@@ -230,10 +202,11 @@ def create_gateway_app(
     the engine servers it started (``engine_pids``: replica -> pid) and the machine's cores are exported
     at each scrape (:class:`~stagescope.service.llama_cpp.cpu.ProcessCPU`) for the scale-out model."""
     from stagescope.service.llama_cpp.cpu import ProcessCPU
+    from stagescope.service.llama_cpp.slot_probe import export_measured
 
     registry = registry if registry is not None else CollectorRegistry()
     if measured_service_s or measured_cpu_cores:
-        _export_measured(measured_service_s or {}, registry, measured_cpu_cores)
+        export_measured(measured_service_s or {}, registry, measured_cpu_cores)
     registry.register(ProcessCPU(engine_pids))
     replicas = [Replica(i, u.rstrip("/"), slots) for i, u in enumerate(replica_urls)]
     router = Router(replicas)

@@ -20,7 +20,10 @@ lever's servers with every slot busy took 1.6-2.1x as long as today's server by 
 (non-streaming), 1.2-1.3x streamed; the lever runs held their slots 1.1-1.3x as long. Rounds alternate
 between today's servers and the lever's, and the medians count, so a change in the machine's other
 load between them moves both alike. All times go to the gateway (``measured_service.*`` overrides,
-:data:`MEASURED_PREFIX`), which exports them for the analysis.
+:data:`MEASURED_PREFIX`), which exports them for the analysis, each with the cores its server got
+during the burst (``measured_cpu.*``, :data:`MEASURED_CPU_PREFIX`: the server's CPU seconds from
+``/proc`` over the longest hold on it), from which the analysis rescales them to what the run's own
+gateway and client leave the servers (analysis.cpu_budget).
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from __future__ import annotations
 import math
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
 
 from stagescope import names as N
 from stagescope.errors import UserError
@@ -53,6 +59,7 @@ __all__ = [
     "SLOT_RUN_ARRIVALS",
     "SLOT_RUN_MAX_S",
     "TTFT_SLO_OVER_SERVICE",
+    "export_measured",
     "occupancy_key",
     "parse_occupancy_key",
     "size_slots",
@@ -221,3 +228,29 @@ def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
         f"all busy, {rate / lever_cap:.0%} busy at that rate; the same in the lever check, and all these times go "
         f"to the scale-out model (exported by the gateway); runs of at least {run_s:g} s ({run_s * rate:.0f} arrivals)"
     )
+
+
+def export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry,
+                     measured_cpu_cores: Mapping[str, float] | None = None) -> None:
+    """The measured service times as gauges in ``registry`` (the gateway's): plain variants and, by occupancy, ``variant@own+others``;
+    with ``measured_cpu_cores`` (same keys) the cores the request's server got in each measurement."""
+    if measured_cpu_cores:
+        cpu = Gauge(N.METRIC_EXECUTOR_OCCUPANCY_CPU, "cores (CPU s / wall s) the request's server process got in "
+                    "that measurement, before the run", [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS],
+                    registry=registry)  # fmt: skip
+        for key, cores in measured_cpu_cores.items():
+            got = parse_occupancy_key(key)
+            variant, own, others = got if got is not None else (key, 0, 0)  # 0+0: with every slot busy
+            cpu.labels(variant, str(own), str(others)).set(float(cores))
+
+    g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
+              "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
+    occ = Gauge(N.METRIC_EXECUTOR_OCCUPANCY, "median s one request holds a slot with busy_own slots of its server "
+                "and busy_others of the other servers busy, measured before the run",
+                [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS], registry=registry)  # fmt: skip
+    for key, secs in measured_service_s.items():
+        parsed = parse_occupancy_key(key)
+        if parsed is None:
+            g.labels(key).set(float(secs))
+        else:
+            occ.labels(parsed[0], str(parsed[1]), str(parsed[2])).set(float(secs))
