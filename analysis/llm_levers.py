@@ -37,6 +37,7 @@ from typing import Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis import cpu_budget as CB
 from stagescope.analysis import intervals as I
 from stagescope.analysis import quality as QL
 from stagescope.analysis import queueing as Q
@@ -345,7 +346,9 @@ def slot_scale_out(
     table, served = occupancy_table(con, N.LEVER_SCALE_OUT), QL.service_ratio(con, N.LEVER_SCALE_OUT)
     served_ms = served[1] if served is not None else 0.0
     shared = bool(table) and served_ms > 0 and c2 % executors == 0 and max(k[0] for k in table) == executors
-    if shared:
+    budget = None
+    if shared:  # the probe's times, from the cores its servers got to what this run's gateway and client leave them
+        table, served_ms, budget = CB.for_run(con, table, served_ms, stream, N.LEVER_SCALE_OUT, replicas=c2 // executors)
         slow = occupancy_slowdown(table, served_ms)
         after = Q.replay_shared(arr, full, replicas=c2 // executors, slots=executors, slowdown=slow)
     else:
@@ -374,6 +377,12 @@ def slot_scale_out(
     if shared:
         occ = ", ".join(f"{o}+{x} busy x{ms / served_ms:.2f}" for (o, x), ms in sorted(table.items()))
         speed = f", at the measured speed of its server's occupancy: {occ} (own + other servers' busy slots)"
+        if budget is not None:
+            speed += (
+                f", rescaled from the cores the probe's servers got to what {budget.cores:g} cores leave them "
+                f"beside the gateway and the client ({budget.path_s_per_token * 1000:.2f} ms CPU per streamed "
+                f"token, {budget.path_cores:.2f} cores in the baseline; one server used {budget.engine_cores:.2f})"
+            )
     else:
         speed = "" if ratio == 1.0 else f", x{ratio:.2f}"
     return pred, (

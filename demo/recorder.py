@@ -4,7 +4,8 @@ The embedded default has no Docker and no Prometheus, yet the analysis wants que
 requests, batch sizes and accelerator utilization *over time* next to the p99. :class:`MetricsRecorder`
 scrapes ``/metrics`` every ``interval_s`` and writes each scrape to ``DIR/scrape-<n>.prom`` with every
 sample stamped with the scrape time (Unix milliseconds, as the exposition format allows), which the
-analysis ingests like any exposition snapshot. A failed scrape is counted and skipped; it never stops
+analysis ingests like any exposition snapshot, with one sample of this process's own CPU seconds
+(``stagescope_process_cpu_seconds_total{role="client"}``: the load generator's). A failed scrape is counted and skipped; it never stops
 the run.
 """
 
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from stagescope import names as N
 
 __all__ = ["MetricsRecorder", "stamp_exposition"]
 
@@ -65,8 +68,15 @@ class MetricsRecorder:
             return False
         self.scrapes += 1
         path = self.out_dir / f"scrape-{self.scrapes:05d}.prom"
-        path.write_text(stamp_exposition(resp.text, ts_ms), encoding="utf-8")
+        path.write_text(stamp_exposition(resp.text + self._client_cpu(), ts_ms), encoding="utf-8")
         return True
+
+    @staticmethod
+    def _client_cpu() -> str:
+        """This process's CPU seconds so far (the load generator's, with this recorder) as one sample: on a
+        machine the service shares with its client, the scale-out model leaves the servers what the cores
+        are less what the gateway and the client take (analysis.cpu_budget)."""
+        return f'\n{N.METRIC_PROCESS_CPU}{{{N.LABEL_ROLE}="{N.ROLE_CLIENT}"}} {time.process_time():.6f}\n'
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="stagescope-metrics-recorder")

@@ -437,6 +437,18 @@ METRIC_EXECUTOR_SERVICE: Final = "stagescope_executor_service_seconds"  # gauge:
 # The same by occupancy (a host whose cores the servers share): one request's time with LABEL_BUSY_OWN
 # slots of its server busy and LABEL_BUSY_OTHERS on the other servers; labels variant, busy_own, busy_others.
 METRIC_EXECUTOR_OCCUPANCY: Final = "stagescope_executor_occupancy_service_seconds"  # gauge: median s per request
+# The cores the request's server process got (CPU s over wall s) in that occupancy's measurement: the
+# probe's times are rescaled from that share to what the run's servers will be left (analysis.cpu_budget).
+METRIC_EXECUTOR_OCCUPANCY_CPU: Final = "stagescope_executor_occupancy_cpu_cores"  # gauge: cores, same labels
+# The CPU a run's own processes take on the machine the servers share, and the cores there are: what the
+# scale-out model leaves the servers (analysis.cpu_budget). Label LABEL_ROLE, and LABEL_REPLICA for engines.
+METRIC_PROCESS_CPU: Final = "stagescope_process_cpu_seconds_total"  # counter: CPU s (user + system)
+METRIC_PROCESS_CPU_READ_FAILURES: Final = "stagescope_process_cpu_read_failures_total"  # counter: failed reads
+METRIC_HOST_CPU_CORES: Final = "stagescope_host_cpu_cores"  # gauge: cores this process may run on (affinity, cgroup quota)
+LABEL_ROLE: Final = "role"  # which process: ROLE_GATEWAY, ROLE_CLIENT or ROLE_ENGINE
+ROLE_GATEWAY: Final = "gateway"  # the stagescope gateway itself (spans, metrics, the relay of every token)
+ROLE_CLIENT: Final = "client"  # the load generator's process (the demo's, with its metrics recorder)
+ROLE_ENGINE: Final = "engine"  # an engine server the gateway started (llama-server), one per LABEL_REPLICA
 
 # OpenTelemetry GenAI semantic conventions, as Prometheus renders them (dots to underscores + unit).
 METRIC_GENAI_TTFT: Final = "gen_ai_server_time_to_first_token_seconds"  # arrival to first token

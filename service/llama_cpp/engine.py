@@ -16,6 +16,7 @@ from typing import Any
 
 from stagescope.service.llama_cpp.scenarios import COMPLETIONS_ROUTE, LLAMA_SCENARIOS
 from stagescope.service.llama_cpp.sizing import MEASURED_PREFIX, sizing, tokens_for
+from stagescope.service.llama_cpp.slot_probe import MEASURED_CPU_PREFIX
 from stagescope.service.scenarios import Scenario
 
 __all__ = [
@@ -100,6 +101,8 @@ def serve_command(
     for k, v in (overrides or {}).items():
         if k.startswith(MEASURED_PREFIX):  # a measurement for the analysis, not an engine setting
             cmd += ["--measured-service", f"{k[len(MEASURED_PREFIX):]}={v}"]
+        elif k.startswith(MEASURED_CPU_PREFIX):  # the cores the server got in that measurement
+            cmd += ["--measured-cpu", f"{k[len(MEASURED_CPU_PREFIX):]}={v}"]
         else:
             cmd += ["--set", f"{k}={v}"]
     return [*cmd, "--apply-lever"] if apply_lever else cmd

@@ -180,23 +180,6 @@ def _note_final(rec: Any, doc: dict[str, Any]) -> None:
             rec.output_tokens = usage["completion_tokens"]
 
 
-def _export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry) -> None:
-    """The measured service times as gauges: plain variants and, by occupancy, ``variant@own+others``."""
-    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
-
-    g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
-              "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
-    occ = Gauge(N.METRIC_EXECUTOR_OCCUPANCY, "median s one request holds a slot with busy_own slots of its server "
-                "and busy_others of the other servers busy, measured before the run",
-                [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS], registry=registry)  # fmt: skip
-    for key, secs in measured_service_s.items():
-        parsed = parse_occupancy_key(key)
-        if parsed is None:
-            g.labels(key).set(float(secs))
-        else:
-            occ.labels(parsed[0], str(parsed[1]), str(parsed[2])).set(float(secs))
-
-
 def create_gateway_app(
     replica_urls: Sequence[str],
     slots: int,
@@ -207,15 +190,24 @@ def create_gateway_app(
     registry: CollectorRegistry | None = None,
     service_name: str = "llama-cpp-gateway",
     measured_service_s: Mapping[str, float] | None = None,
+    measured_cpu_cores: Mapping[str, float] | None = None,
+    engine_pids: Mapping[int, int] | None = None,
 ) -> FastAPI:
     """The gateway as a FastAPI app in front of ``replica_urls`` (each with ``slots`` slots).
     ``measured_service_s``: one request's service time (s) with every slot busy, measured before the
     run, by variant (``serving``, or a lever such as ``scale-out`` for the servers it would run),
     exported as ``stagescope_executor_service_seconds{variant}`` for the scale-out model, and by
-    occupancy (``variant@own+others``) as ``stagescope_executor_occupancy_service_seconds``."""
+    occupancy (``variant@own+others``) as ``stagescope_executor_occupancy_service_seconds``;
+    ``measured_cpu_cores``: the cores the server got in each of those measurements. Its own CPU, that of
+    the engine servers it started (``engine_pids``: replica -> pid) and the machine's cores are exported
+    at each scrape (:class:`~stagescope.service.llama_cpp.cpu.ProcessCPU`) for the scale-out model."""
+    from stagescope.service.llama_cpp.cpu import ProcessCPU
+    from stagescope.service.llama_cpp.slot_probe import export_measured
+
     registry = registry if registry is not None else CollectorRegistry()
-    if measured_service_s:
-        _export_measured(measured_service_s, registry)
+    if measured_service_s or measured_cpu_cores:
+        export_measured(measured_service_s or {}, registry, measured_cpu_cores)
+    registry.register(ProcessCPU(engine_pids))
     replicas = [Replica(i, u.rstrip("/"), slots) for i, u in enumerate(replica_urls)]
     router = Router(replicas)
     relay = MetricsRelay(replicas)

@@ -26,7 +26,7 @@ from typing import Any
 
 from stagescope.errors import EXIT_USAGE, UserError
 
-__all__ = ["main", "measured_service", "parse_assignments", "scenario_config"]
+__all__ = ["main", "measured_cpu", "measured_service", "parse_assignments", "scenario_config"]
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="one request's measured service time with every slot busy (variant serving, or a lever "
                         "such as scale-out; VARIANT@OWN+OTHERS: with OWN busy slots on its server and OTHERS on "
                         "the other servers), exported for the analysis' scale-out model (repeatable)")
+    p.add_argument("--measured-cpu", dest="measured_cpu", action="append", default=[], metavar="KEY=CORES",
+                   help="the cores (CPU s / wall s) the server got in a --measured-service measurement of the same "
+                        "key, exported for the scale-out model's CPU budget (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the engine settings as JSON and exit")
     return p  # fmt: skip
 
@@ -95,6 +98,24 @@ def measured_service(items: list[str]) -> dict[str, float]:
     return out
 
 
+def measured_cpu(items: list[str]) -> dict[str, float]:
+    """``KEY=CORES`` strings (keys as for :func:`measured_service`) into a dict; a malformed key or a share
+    that is not a positive number of cores is a UserError."""
+    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
+
+    out: dict[str, float] = {}
+    for key, value in parse_assignments(items).items():
+        parse_occupancy_key(key)
+        try:
+            cores = float(value)
+        except ValueError:
+            cores = float("nan")
+        if not 0.0 < cores < float("inf"):
+            raise UserError(f"--measured-cpu {key}= must be a positive number of cores, got {value!r}")
+        out[key] = cores
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -108,8 +129,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.baseline_sample is not None and not 0.0 <= args.baseline_sample <= 1.0:
         raise UserError(f"--baseline-sample must be between 0 and 1, got {args.baseline_sample:g}")
     measured = measured_service(args.measured)
+    cpu = measured_cpu(args.measured_cpu)
     if args.upstream:
-        return _front(args, measured)
+        return _front(args, measured, cpu)
     if not args.scenario:
         raise UserError("give --scenario NAME (start llama-servers) or --upstream URL --slots N (front running ones)")
     cfg = scenario_config(args.scenario, apply_lever=args.apply_lever, overrides=parse_assignments(args.assignments))
@@ -131,7 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
         app = create_gateway_app(
             [s.url for s in servers], cfg.parallel, spans_dir=args.spans_out,
             slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample,
-            measured_service_s=measured,
+            measured_service_s=measured, measured_cpu_cores=cpu,
+            engine_pids={i: s.proc.pid for i, s in enumerate(servers)},
         )  # fmt: skip
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     finally:
@@ -140,7 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _front(args: argparse.Namespace, measured: dict[str, float]) -> int:
+def _front(args: argparse.Namespace, measured: dict[str, float], cpu: dict[str, float]) -> int:
     import uvicorn
 
     from stagescope.service.llama_cpp.gateway import create_gateway_app
@@ -154,7 +177,7 @@ def _front(args: argparse.Namespace, measured: dict[str, float]) -> int:
             raise UserError(f"--upstream must be an http(s) URL, got {u!r}")
     app = create_gateway_app(args.upstream, args.slots, spans_dir=args.spans_out,
                              slow_threshold_ms=args.slow_threshold_ms, baseline_sample=args.baseline_sample,
-                             measured_service_s=measured)  # fmt: skip
+                             measured_service_s=measured, measured_cpu_cores=cpu)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 

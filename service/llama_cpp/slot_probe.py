@@ -20,7 +20,10 @@ lever's servers with every slot busy took 1.6-2.1x as long as today's server by 
 (non-streaming), 1.2-1.3x streamed; the lever runs held their slots 1.1-1.3x as long. Rounds alternate
 between today's servers and the lever's, and the medians count, so a change in the machine's other
 load between them moves both alike. All times go to the gateway (``measured_service.*`` overrides,
-:data:`MEASURED_PREFIX`), which exports them for the analysis.
+:data:`MEASURED_PREFIX`), which exports them for the analysis, each with the cores its server got
+during the burst (``measured_cpu.*``, :data:`MEASURED_CPU_PREFIX`: the server's CPU seconds from
+``/proc`` over the longest hold on it), from which the analysis rescales them to what the run's own
+gateway and client leave the servers (analysis.cpu_budget).
 """
 
 from __future__ import annotations
@@ -28,21 +31,27 @@ from __future__ import annotations
 import math
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
 
 from stagescope import names as N
 from stagescope.errors import UserError
+from stagescope.service.llama_cpp.cpu import process_cpu_s
 from stagescope.service.llama_cpp.probe import (
     config,
     probe_gateway,
     probe_servers,
     probe_text,
+    server_pid,
     stream_hold_s,
     timings,
 )
 from stagescope.service.scenarios import Scenario
 
 __all__ = [
+    "MEASURED_CPU_PREFIX",
     "MEASURED_PREFIX",
     "OCCUPANCY_MARK",
     "SLOTS_OVERLOAD",
@@ -50,6 +59,7 @@ __all__ = [
     "SLOT_RUN_ARRIVALS",
     "SLOT_RUN_MAX_S",
     "TTFT_SLO_OVER_SERVICE",
+    "export_measured",
     "occupancy_key",
     "parse_occupancy_key",
     "size_slots",
@@ -81,6 +91,9 @@ SLOT_RUN_MAX_S = 60.0
 #: served (``serving``) and with the lever's servers (``scale-out``), for the analysis' scale-out model;
 #: ``measured_service.<variant>@<own>+<others>`` the same at that occupancy (:func:`occupancy_key`).
 MEASURED_PREFIX = "measured_service."
+#: An override so named is the cores (CPU s over wall s) the request's server got in the measured-service
+#: measurement of the same key (serve ``--measured-cpu``), exported for the scale-out model's CPU budget.
+MEASURED_CPU_PREFIX = "measured_cpu."
 #: Separates the variant from the occupancy in a measured-service key (``scale-out@2+1``).
 OCCUPANCY_MARK = "@"
 
@@ -111,51 +124,79 @@ def slot_load(service_s: float, *, slots: int) -> tuple[float, float]:
     return SLOTS_OVERLOAD * slots / service_s, TTFT_SLO_OVER_SERVICE * service_s * 1000.0
 
 
-def _holds(gateway: str, n: int, sc: Scenario, key: int) -> list[tuple[float, int]]:
-    """``[(streamed slot time s, replica)]`` of ``n`` of scenario ``sc``'s requests sent at once through
-    the probe's ``gateway`` (which places them, and says where)."""
+def _holds(gateway: str, n: int, sc: Scenario, key: int, pids: list[int | None]) -> list[tuple[float, int, float | None]]:
+    """``[(streamed slot time s, replica, cores its server got)]`` of ``n`` of scenario ``sc``'s requests
+    sent at once through the probe's ``gateway`` (which places them, and says where); ``pids``: the
+    gateway's servers in replica order, whose CPU seconds over the burst, divided by the longest time
+    a request held one of its slots, are the cores it got (None where a pid is unknown)."""
     w = sc.workload
+    before = [None if p is None else process_cpu_s(p) for p in pids]
     with ThreadPoolExecutor(n) as ex:
         got = list(ex.map(lambda i: stream_hold_s(gateway, probe_text(w.prompt_tokens, key + i), w.max_tokens), range(n)))
-    if any(r is None or not r.isdigit() for _, r in got):
+    after = [None if p is None else process_cpu_s(p) for p in pids]
+    if any(r is None or not r.isdigit() or int(r) >= len(pids) for _, r in got):
         raise UserError("llama.cpp: the sizing probe's gateway did not say which replica served a request")
-    return [(secs, int(str(r))) for secs, r in got]
+    placed = [(secs, int(str(r))) for secs, r in got]
+    shares: list[float | None] = []
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        wall = max((secs for secs, r in placed if r == i), default=0.0)
+        shares.append((a - b) / wall if a is not None and b is not None and wall > 0 else None)
+    return [(secs, r, shares[r]) for secs, r in placed]
 
 
-def _occupancy_round(gateway: str, replicas: int, slots: int, sc: Scenario, key: int) -> dict[tuple[int, int], float]:
-    """``{(own, others): median s}`` from ``n`` = 1 .. every slot of the gateway's servers at once."""
-    out: dict[tuple[int, int], list[float]] = {}
+Cell = tuple[float, float | None]  # (median s, median cores where measured)
+
+
+def _median_cell(times: list[float], cores: list[float | None]) -> Cell:
+    known = [c for c in cores if c is not None]
+    return statistics.median(times), statistics.median(known) if known else None
+
+
+def _occupancy_round(gateway: str, replicas: int, slots: int, sc: Scenario, key: int,
+                     pids: list[int | None]) -> dict[tuple[int, int], Cell]:  # fmt: skip
+    """``{(own, others): (median s, median cores)}`` from ``n`` = 1 .. every slot of the gateway's
+    servers at once."""
+    out: dict[tuple[int, int], tuple[list[float], list[float | None]]] = {}
     for n in range(1, replicas * slots + 1):
-        got = _holds(gateway, n, sc, key + 10 * n)
-        for secs, r in got:
-            own = sum(1 for _, x in got if x == r)
-            out.setdefault((own, n - own), []).append(secs)
-    return {k: statistics.median(v) for k, v in out.items()}
+        got = _holds(gateway, n, sc, key + 10 * n, pids)
+        for secs, r, cores in got:
+            own = sum(1 for _, x, _ in got if x == r)
+            cell = out.setdefault((own, n - own), ([], []))
+            cell[0].append(secs)
+            cell[1].append(cores)
+    return {k: _median_cell(*v) for k, v in out.items()}
 
 
-def _measure(cfg: Any, lever: Any, sc: Scenario) -> tuple[float, dict[tuple[int, int], float]]:
-    """``(S, {(own, others): s})``: today's servers with every slot busy, and the lever's servers at each
-    occupancy, each behind its own gateway; the medians of SLOT_PROBE_ROUNDS alternating rounds (all
-    servers and gateways start first)."""
+def _measure(cfg: Any, lever: Any, sc: Scenario) -> tuple[Cell, dict[tuple[int, int], Cell]]:
+    """``(S, {(own, others): T})``, each with the cores its server got: today's servers with every slot
+    busy, and the lever's servers at each occupancy, each behind its own gateway; the medians of
+    SLOT_PROBE_ROUNDS alternating rounds (all servers and gateways start first)."""
     w = sc.workload
     with probe_servers(cfg) as now, probe_servers(lever) as new, probe_gateway(now, cfg.parallel) as g_now, \
             probe_gateway(new, lever.parallel) as g_new:  # fmt: skip
         for u in (*now, *new):
             timings(u, probe_text(w.prompt_tokens, 0), 4)  # warm-up
-        served: list[float] = []
-        table: dict[tuple[int, int], list[float]] = {}
+        pids_now, pids_new = [server_pid(u) for u in now], [server_pid(u) for u in new]
+        served: tuple[list[float], list[float | None]] = ([], [])
+        table: dict[tuple[int, int], tuple[list[float], list[float | None]]] = {}
         for r in range(SLOT_PROBE_ROUNDS):
-            served.append(statistics.median(s for s, _ in _holds(g_now, cfg.parallel * cfg.replicas, sc, 1000 * r + 1)))
-            for k, v in _occupancy_round(g_new, lever.replicas, lever.parallel, sc, 1000 * r + 501).items():
-                table.setdefault(k, []).append(v)
-    return statistics.median(served), {k: statistics.median(v) for k, v in sorted(table.items())}
+            got = _holds(g_now, cfg.parallel * cfg.replicas, sc, 1000 * r + 1, pids_now)
+            served[0].append(statistics.median(s for s, _, _ in got))
+            served[1].append(_median_cell([1.0], [c for _, _, c in got])[1])
+            for k, (secs, cores) in _occupancy_round(g_new, lever.replicas, lever.parallel, sc, 1000 * r + 501,
+                                                     pids_new).items():  # fmt: skip
+                cell = table.setdefault(k, ([], []))
+                cell[0].append(secs)
+                cell[1].append(cores)
+    return _median_cell(*served), {k: _median_cell(*v) for k, v in sorted(table.items())}
 
 
 def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
     """The slot fault's overrides (rate, SLO, the measured times for the gateway) and one line saying them."""
     cfg = config(sc)
     lever = config(sc, apply_lever=True)
-    service, table = _measure(cfg, lever, sc)
+    (service, service_cores), cells = _measure(cfg, lever, sc)
+    table = {k: secs for k, (secs, _) in cells.items()}
     full = (lever.parallel, (lever.replicas - 1) * lever.parallel)
     if full not in table:
         raise UserError(f"llama.cpp: the sizing probe never had every slot of the lever's servers busy ({sorted(table)})")
@@ -168,7 +209,16 @@ def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
                 f"{MEASURED_PREFIX}{sc.lever}": round(lever_service, 4)}  # fmt: skip
     for (own, others), secs in table.items():
         measured[MEASURED_PREFIX + occupancy_key(str(sc.lever), own, others)] = round(secs, 4)
-    seen = ", ".join(f"{own}+{others} busy {secs * 1000:.0f}" for (own, others), secs in table.items())
+    # the cores each measurement's server got: the analysis rescales the times from them to what the
+    # run's servers will be left of the machine (analysis.cpu_budget)
+    if service_cores is not None:
+        measured[f"{MEASURED_CPU_PREFIX}{N.VARIANT_SERVING}"] = round(service_cores, 4)
+    for (own, others), (_, cores) in cells.items():
+        if cores is not None:
+            measured[MEASURED_CPU_PREFIX + occupancy_key(str(sc.lever), own, others)] = round(cores, 4)
+    seen = ", ".join(f"{own}+{others} busy {secs * 1000:.0f}"
+                     + (f" on {cells[(own, others)][1]:.2f} cores" if cells[(own, others)][1] is not None else "")
+                     for (own, others), secs in table.items())  # fmt: skip
     run_s = float(min(SLOT_RUN_MAX_S, math.ceil(SLOT_RUN_ARRIVALS / rate)))
     return {"scenario.rate_rps": rate, "scenario.slo_spec": spec, "run.min_duration_s": run_s, **measured}, (
         f"slot load sized to this machine now: a request takes {service * 1000:.0f} ms (streamed) with all "
@@ -178,3 +228,29 @@ def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
         f"all busy, {rate / lever_cap:.0%} busy at that rate; the same in the lever check, and all these times go "
         f"to the scale-out model (exported by the gateway); runs of at least {run_s:g} s ({run_s * rate:.0f} arrivals)"
     )
+
+
+def export_measured(measured_service_s: Mapping[str, float], registry: CollectorRegistry,
+                     measured_cpu_cores: Mapping[str, float] | None = None) -> None:
+    """The measured service times as gauges in ``registry`` (the gateway's): plain variants and, by occupancy, ``variant@own+others``;
+    with ``measured_cpu_cores`` (same keys) the cores the request's server got in each measurement."""
+    if measured_cpu_cores:
+        cpu = Gauge(N.METRIC_EXECUTOR_OCCUPANCY_CPU, "cores (CPU s / wall s) the request's server process got in "
+                    "that measurement, before the run", [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS],
+                    registry=registry)  # fmt: skip
+        for key, cores in measured_cpu_cores.items():
+            got = parse_occupancy_key(key)
+            variant, own, others = got if got is not None else (key, 0, 0)  # 0+0: with every slot busy
+            cpu.labels(variant, str(own), str(others)).set(float(cores))
+
+    g = Gauge(N.METRIC_EXECUTOR_SERVICE, "median s one request holds a slot with every slot busy, measured "
+              "before the run (variant: as served, or with a lever's servers)", [N.LABEL_VARIANT], registry=registry)  # fmt: skip
+    occ = Gauge(N.METRIC_EXECUTOR_OCCUPANCY, "median s one request holds a slot with busy_own slots of its server "
+                "and busy_others of the other servers busy, measured before the run",
+                [N.LABEL_VARIANT, N.LABEL_BUSY_OWN, N.LABEL_BUSY_OTHERS], registry=registry)  # fmt: skip
+    for key, secs in measured_service_s.items():
+        parsed = parse_occupancy_key(key)
+        if parsed is None:
+            g.labels(key).set(float(secs))
+        else:
+            occ.labels(parsed[0], str(parsed[1]), str(parsed[2])).set(float(secs))

@@ -1,0 +1,102 @@
+"""CPU accounting for the scale-out model on a machine whose cores the servers share: how many cores
+this process may run on, and the CPU seconds each of the run's own processes took.
+
+The lever's second llama-server shares the machine with the first, the gateway (spans, metrics, the
+relay of every streamed token) and, in the demo, the load generator. The analysis leaves the servers
+what the cores are less what the gateway and the client take (analysis.cpu_budget), so the gateway
+exports, for every scrape (:class:`ProcessCPU`):
+
+* ``stagescope_host_cpu_cores``: the cores this process may use (:func:`available_cores`: the CPU
+  affinity mask, capped by a cgroup CPU quota where there is one);
+* ``stagescope_process_cpu_seconds_total{role}``: its own CPU (``gateway``) and that of each engine
+  server it started (``engine``, by ``replica``; read from ``/proc/<pid>/stat``). A server it only
+  fronts (``--upstream``) has no pid here and no sample. A read that fails is counted
+  (:attr:`ProcessCPU.failures`, exported as ``stagescope_process_cpu_read_failures_total``) and
+  skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from stagescope import names as N
+
+__all__ = ["ProcessCPU", "available_cores", "process_cpu_s"]
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def _quota_cores(root: Path = _CGROUP) -> float | None:
+    """The cgroup CPU quota in cores (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us`` / ``cfs_period_us``);
+    None without a quota."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else float(quota) / float(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = float((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = float((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return q / p if q > 0 and p > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def available_cores(root: Path = _CGROUP) -> float:
+    """Cores this process may run on: ``os.sched_getaffinity`` (else ``os.cpu_count``), capped by the
+    cgroup's CPU quota (a container limited to 1.5 CPUs on a 16-core host has 1.5)."""
+    try:
+        n = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        n = float(os.cpu_count() or 1)
+    q = _quota_cores(root)
+    return min(n, q) if q is not None and math.isfinite(q) and q > 0 else n
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has taken, from ``/proc/<pid>/stat``; None where it
+    cannot be read (gone, not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None
+
+
+class ProcessCPU(Collector):
+    """The gateway's own CPU, its engine servers' (``engines``: replica -> pid) and the host's cores,
+    read at each scrape (a few ``/proc`` reads; nothing runs between scrapes)."""
+
+    def __init__(self, engines: Mapping[int, int] | None = None) -> None:
+        self.engines = dict(engines or {})
+        self.cores = available_cores()
+        self.failures = 0
+
+    def collect(self) -> Iterable[Metric]:
+        cpu = CounterMetricFamily(N.METRIC_PROCESS_CPU.removesuffix("_total"),
+                                  "CPU seconds (user + system) of the run's own processes on this machine",
+                                  labels=[N.LABEL_ROLE, N.LABEL_REPLICA])  # fmt: skip
+        cpu.add_metric([N.ROLE_GATEWAY, ""], time.process_time())
+        for replica, pid in sorted(self.engines.items()):
+            secs = process_cpu_s(pid)
+            if secs is None:
+                self.failures += 1
+                continue
+            cpu.add_metric([N.ROLE_ENGINE, str(replica)], secs)
+        cores = GaugeMetricFamily(N.METRIC_HOST_CPU_CORES, "cores this process may run on (affinity mask, cgroup quota)")
+        cores.add_metric([], self.cores)
+        fails = CounterMetricFamily(N.METRIC_PROCESS_CPU_READ_FAILURES.removesuffix("_total"),
+                                    "engine CPU reads that failed (process gone)")
+        fails.add_metric([], float(self.failures))
+        return [cpu, cores, fails]
