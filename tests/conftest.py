@@ -53,6 +53,7 @@ PARALLEL_SAFE = frozenset(
         "test_bad_inputs.py::test_generic_bad_values",
         "test_bad_inputs.py::test_cli_row_through_the_executable",  # 17 executable starts, 60 s timeout each
         "test_cli.py",
+        "test_cpu_budget.py",
         "test_dashboards_build.py",
         "test_engines.py",
         "test_extras.py",
