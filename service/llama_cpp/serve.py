@@ -83,36 +83,29 @@ def _parser() -> argparse.ArgumentParser:
 def measured_service(items: list[str]) -> dict[str, float]:
     """``VARIANT=SECONDS`` (or ``VARIANT@OWN+OTHERS=SECONDS``) strings into a dict; a malformed one or a
     time that is not a positive number of seconds is a UserError."""
+    return _positive_by_key(items, "--measured-service", "seconds")
+
+
+def measured_cpu(items: list[str]) -> dict[str, float]:
+    """``KEY=CORES`` strings (keys as for :func:`measured_service`) into a dict; a malformed key or a share
+    that is not a positive number of cores is a UserError."""
+    return _positive_by_key(items, "--measured-cpu", "cores")
+
+
+def _positive_by_key(items: list[str], flag: str, unit: str) -> dict[str, float]:
+    """``KEY=NUMBER`` strings, each key an occupancy key, each number positive and finite, into a dict."""
     from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
 
     out: dict[str, float] = {}
     for key, value in parse_assignments(items).items():
         parse_occupancy_key(key)  # a UserError if malformed
         try:
-            secs = float(value)
+            number = float(value)
         except ValueError:
-            secs = float("nan")
-        if not 0.0 < secs < float("inf"):
-            raise UserError(f"--measured-service {key}= must be a positive number of seconds, got {value!r}")
-        out[key] = secs
-    return out
-
-
-def measured_cpu(items: list[str]) -> dict[str, float]:
-    """``KEY=CORES`` strings (keys as for :func:`measured_service`) into a dict; a malformed key or a share
-    that is not a positive number of cores is a UserError."""
-    from stagescope.service.llama_cpp.slot_probe import parse_occupancy_key
-
-    out: dict[str, float] = {}
-    for key, value in parse_assignments(items).items():
-        parse_occupancy_key(key)
-        try:
-            cores = float(value)
-        except ValueError:
-            cores = float("nan")
-        if not 0.0 < cores < float("inf"):
-            raise UserError(f"--measured-cpu {key}= must be a positive number of cores, got {value!r}")
-        out[key] = cores
+            number = float("nan")
+        if not 0.0 < number < float("inf"):
+            raise UserError(f"{flag} {key}= must be a positive number of {unit}, got {value!r}")
+        out[key] = number
     return out
 
 
