@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from overhead_apps import build_app
@@ -107,16 +108,7 @@ def count_calls(
             per_owner[_owner(code.co_filename)] += 1
             per_code[(code.co_filename, code.co_qualname, code.co_firstlineno)] += 1
 
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(drive(app, 200))  # warm caches (routes, label children)
-        sys.setprofile(prof)
-        try:
-            loop.run_until_complete(drive(app, n))
-        finally:
-            sys.setprofile(None)
-    finally:
-        loop.close()
+    _run_hooked(app, n, sys.setprofile, prof)
     return per_owner, per_code
 
 
@@ -137,17 +129,23 @@ def count_bytecodes(app: Any, n: int) -> tuple[int, int]:
             counts[1] += mine
         return trace
 
+    _run_hooked(app, n, sys.settrace, trace)
+    return counts[0], counts[1]
+
+
+def _run_hooked(app: Any, n: int, install: Callable[[Any], None], hook: Any) -> None:
+    """Serve 200 requests to warm caches (routes, label children), then ``n`` with ``install(hook)``
+    in force (sys.setprofile or sys.settrace), removing it after."""
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(drive(app, 200))
-        sys.settrace(trace)
+        install(hook)
         try:
             loop.run_until_complete(drive(app, n))
         finally:
-            sys.settrace(None)
+            install(None)
     finally:
         loop.close()
-    return counts[0], counts[1]
 
 
 def time_requests(app: Any, n: int, repeats: int) -> float:
