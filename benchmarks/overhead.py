@@ -51,7 +51,7 @@ from typing import Any
 
 from overhead_report import PAIRS, pct, report
 
-from stagescope.procs import stop_process
+from stagescope.procs import process_cpu_s, stop_process
 
 SLOW_EVERY = 1000
 VARIANTS_TRIVIAL = ("bare", "stock", "stagescope")
@@ -65,8 +65,10 @@ ENV_CLEAR = (
 # ------------------------------------------------------------------------------------------ client
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    secs = process_cpu_s(pid)
+    if secs is None:
+        raise OSError(f"cannot read /proc/{pid}/stat")
+    return secs
 
 
 def _cpu_stat() -> dict[int, list[int]]:

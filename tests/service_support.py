@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 
 from stagescope import names as N
-from stagescope.procs import stop_process
+from stagescope.procs import process_cpu_s, stop_process
 from stagescope.service.scenarios import GENERATE_ROUTE, Scenario, Workload
 
 SERVER_KIND = {2, "SPAN_KIND_SERVER"}
@@ -65,11 +65,7 @@ class Served:
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the server process used so far (Linux /proc; None elsewhere)."""
-        try:
-            f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
 
 def _get(url: str, timeout: float = 2.0) -> int:

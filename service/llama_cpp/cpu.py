@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from stagescope import names as N
+from stagescope.procs import process_cpu_s
 
 __all__ = ["ProcessCPU", "available_cores", "process_cpu_s"]
 
@@ -58,20 +59,6 @@ def available_cores(root: Path = _CGROUP) -> float:
         n = float(os.cpu_count() or 1)
     q = _quota_cores(root)
     return min(n, q) if q is not None and math.isfinite(q) and q > 0 else n
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has taken, from ``/proc/<pid>/stat``; None where it
-    cannot be read (gone, not Linux)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-    try:
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (IndexError, ValueError, OSError):
-        return None
 
 
 class ProcessCPU(Collector):
