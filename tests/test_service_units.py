@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import time
 
 import pytest
@@ -190,6 +191,22 @@ def test_burn_cpu_spends_cpu_time() -> None:
     t = time.thread_time()
     burn_cpu(20)
     assert time.thread_time() - t >= 0.02
+
+
+def test_burn_cpu_does_not_overshoot_when_the_machine_runs_slower_than_measured() -> None:
+    """The speed measured at start-up 40 % above the real one (as after a fast moment of a VM whose
+    speed drifts): the burn still costs its budget, not 40 % more, since each chunk is sized at the
+    speed the previous one measured."""
+    from stagescope.service import model
+
+    burn_cpu(1)  # the speed is measured
+    model._ITERS_PER_MS[0] *= 1.4
+    spent = []
+    for _ in range(5):
+        t = time.thread_time()
+        burn_cpu(30)
+        spent.append(1000 * (time.thread_time() - t))
+    assert 30 <= statistics.median(spent) <= 32.5, spent
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
