@@ -36,7 +36,7 @@ from stagescope.instrumentation.batching import QueueFull
 from stagescope.service.backends import PredictItem, SimulatedAccelerator, SimulatedGpuCollector, make_backend
 from stagescope.service.features import Features, FeatureStoreUnavailable
 from stagescope.service.llm import EngineFull, LLMEngine
-from stagescope.service.model import ModelManager, ResultCache, hash_fraction, preprocess
+from stagescope.service.model import ModelManager, ResultCache, burn_cpu, hash_fraction, preprocess
 from stagescope.service.schemas import BadRequest, GenerateRequest, PredictRequest, parse_body, read_body
 from stagescope.service.settings import Settings
 from stagescope.service.variants import VariantCollector, VariantSource
@@ -74,6 +74,11 @@ class Service:
         self.features_ready = False
 
     async def start(self) -> None:
+        if self.settings.preprocess_cpu_ms > 0:
+            # the CPU burner measures its speed (3 x 20,000 PBKDF2 rounds, ~35 ms) before /readyz says
+            # ready, not on the first requests, where every pool thread raced to measure it at once and
+            # the first few requests of a healthy run took 55-80 ms in preprocess
+            await asyncio.get_running_loop().run_in_executor(self.pool, burn_cpu, 0.5)
         await self.batcher.start()
         await self.engine.start()
         await self.model.start()
