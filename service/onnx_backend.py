@@ -57,7 +57,10 @@ ORT_LEVELS = {
 #: Batches per variant and batch size in the load-time micro-benchmark (the median is exported).
 BENCH_REPEATS = 5
 #: A heavy request's FP32 batch is sized to this multiple of the SLO threshold (see size_heavy_items).
-HEAVY_OVER_SLO = 1.15
+#: INT8 about halves it, so 1.35 leaves a wide margin on both sides: before the lever the p99 breaches
+#: by ~45 % (443-474 ms in three runs), after it meets the SLO by ~20 % (223-244 ms); at 1.15 the breach
+#: hung on a 10 % margin (p99 332 ms) that a machine quieter in the run than at the sizing could erase.
+HEAVY_OVER_SLO = 1.35
 #: Batch sizes (rows) always benchmarked, besides the scenario's own item sizes.
 _BENCH_ROWS = (1, 16, 256)
 
