@@ -141,7 +141,9 @@ def test_collector_down_or_hanging_exit_within_the_timeout(server: str, mode: st
         took = S.stop(run, signal.SIGTERM)
         log = run.log()
         print(f"{server}, collector {mode}: exit {took:.2f} s after SIGTERM")
-        assert took <= timeout_s + 1.0, (took, log[-2000:])
+        # the drain's bound plus the processes' own exit, which a loaded 2-core machine stretches (a helper
+        # saw uvicorn2 pass 2 + 1 s); the exit follows the bound: 30.5 s with STAGESCOPE_SHUTDOWN_TIMEOUT_S=30
+        assert took <= timeout_s + 3.0, (took, log[-2000:])
         lines = _dropped_lines(log)
         workers = 2 if server == "uvicorn2" else 1
         assert 1 <= len(lines) <= workers, log[-2000:]  # once per process that had spans left
