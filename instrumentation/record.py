@@ -49,6 +49,7 @@ __all__ = [
 _ANCHOR_WALL_NS = time.time_ns()
 _ANCHOR_MONO_NS = time.perf_counter_ns()
 now_ns = time.perf_counter_ns
+_new_interval = object.__new__
 
 
 def to_wall_ns(mono_ns: int) -> int:
@@ -197,9 +198,15 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        end = now_ns()
         rec = self._record
-        if rec is not None:
-            rec.stages.append(StageInterval(self.name, self._start, now_ns(), self.kind))
+        if rec is not None:  # StageInterval(name, start, end, kind) written out: no __init__ call
+            iv = _new_interval(StageInterval)
+            iv.stage = self.name
+            iv.start_ns = self._start
+            iv.end_ns = end
+            iv.kind = self.kind
+            rec.stages.append(iv)
 
     async def __aenter__(self) -> stage:
         return self.__enter__()
