@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import duckdb
 
 __all__ = [
+    "DRIFT_PARTS",
     "Arrivals",
     "QueueModel",
     "arrivals",
@@ -30,8 +31,12 @@ __all__ = [
     "replay_shared",
     "replay_waits",
     "servers_for",
+    "speed_drift",
     "uniform_rank_sql",
 ]
+
+#: :func:`speed_drift` compares the medians of this many consecutive parts of a run.
+DRIFT_PARTS = 3
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -248,3 +253,19 @@ def replay_shared(
                 busy[int(a[1])] -= 1
         admit()
     return waits
+
+
+def speed_drift(hold_ms: list[float], parts: int = DRIFT_PARTS) -> float:
+    """How far the time to serve the same work moved within one run: the largest over the smallest
+    median hold among ``parts`` consecutive parts of ``hold_ms`` (in arrival order), minus 1 (0.08 =
+    8 %); 0 with fewer than 2 holds a part. Meant for a run whose slots were busy throughout (each hold
+    the same work at the same occupancy), so what moves is the machine's speed for it. A replay that
+    predicts another run minutes later from these holds can be off by that much in its slot times;
+    where the queue sits near its knee that moves the predicted quantile several times as much (a
+    llama.cpp scale-out: 5 % longer slot times, 17-39 % longer TTFT p95), so the replay is repeated at
+    ``1 -/+ drift`` for the prediction's interval (analysis.llm_levers.slot_scale_out)."""
+    n = len(hold_ms) // max(1, parts)
+    if parts < 2 or n < 2:
+        return 0.0
+    meds = sorted(sorted(hold_ms[i * n:(i + 1) * n])[n // 2] for i in range(parts))
+    return meds[-1] / meds[0] - 1.0 if meds[0] > 0 else 0.0
