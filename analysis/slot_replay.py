@@ -100,12 +100,14 @@ def slot_scale_out(
         f"""WITH r AS (SELECT {ref} AS ref, start_unix_ns AS t,
                               coalesce({view.request_filter} AND {view.value_expr} IS NOT NULL, false) AS kept
                        FROM requests WHERE {NOT_SHED} AND {scope_filter(view.slo)} AND start_unix_ns IS NOT NULL),
-                 h AS (SELECT {ref} AS ref, (max(end_unix_ns) - min(start_unix_ns)) / 1e6 AS hold FROM stages
+                 h AS (SELECT {ref} AS ref, min(start_unix_ns) / 1e6 AS hs, max(end_unix_ns) / 1e6 AS he FROM stages
                        WHERE stage IN ({", ".join(sql_str(x) for x in stream)}) AND {ref} IN (SELECT ref FROM r)
                        GROUP BY 1)
-            SELECT CAST(r.ref AS VARCHAR), r.t, coalesce(h.hold, 0.0), r.kept FROM r LEFT JOIN h USING (ref)
-            ORDER BY r.t"""
+            SELECT CAST(r.ref AS VARCHAR), r.t, coalesce(h.he - h.hs, 0.0), r.kept, coalesce(h.hs, 0.0),
+                   coalesce(h.he, 0.0) FROM r LEFT JOIN h USING (ref) ORDER BY r.t"""
     ).fetchall()
+    spans = [(float(a), float(b)) for *_, a, b in rows]
+    rows = [(r, t, h, k) for r, t, h, k, _, _ in rows]
     kept_holds = sorted(float(h) for _, _, h, k in rows if k)
     if len(kept_holds) < 2:
         return None
@@ -126,6 +128,11 @@ def slot_scale_out(
     if shared:  # the probe's times, from the cores its servers got to what this run's gateway and client leave them
         table, served_ms, budget = CB.for_run(con, table, served_ms, stream, N.LEVER_SCALE_OUT, replicas=c2 // executors)
         slow = occupancy_slowdown(table, served_ms)
+        # the holds as work with every slot busy, which the table's speeds are relative to: a hold that
+        # ran while some of today's slots were free ran at the lever's server's speed alone at that occupancy
+        work = Q.work_at_full(spans, lambda busy: slow(busy, 0) if busy < executors else 1.0)
+        kept_work = sorted(w for w, (*_, k) in zip(work, rows, strict=True) if k)
+        full = [w if k else max(w, kept_work[len(kept_work) // 2]) for w, (*_, k) in zip(work, rows, strict=True)]
 
         def replay(k: float) -> list[float]:  # slot times x k
             return Q.replay_shared(arr, full, replicas=c2 // executors, slots=executors,
@@ -138,7 +145,7 @@ def slot_scale_out(
     after = replay(1.0)
     # the machine's speed moved this much within the baseline: the lever run may see its slots that much
     # slower or faster, and near the queue's knee the quantile moves several times as much (the interval)
-    drift = Q.speed_drift([h for _, _, h, k in rows if k])
+    drift = Q.speed_drift([w for w, (*_, k) in zip(full, rows, strict=True) if k])
     lo_w, hi_w = (replay(1.0 - drift), replay(1.0 + drift)) if drift > 0 else (after, after)
     q = view.slo.quantile
     con.register("ss_replay_src", pa.table({"ref": [r for r, _, _, _ in rows], "t0": [t for _, t, _, _ in rows],
@@ -171,7 +178,9 @@ def slot_scale_out(
     closed = sum(1 for *_, k in rows if not k)
     if shared:
         occ = ", ".join(f"{o}+{x} busy x{ms / served_ms:.2f}" for (o, x), ms in sorted(table.items()))
-        speed = f", at the measured speed of its server's occupancy: {occ} (own + other servers' busy slots)"
+        speed = (f"; {sum(kept_work) / len(kept_work):,.0f} ms as work with all {executors} of today's slots busy "
+                 f"(a hold with free slots ran faster); at the measured speed of its server's occupancy: {occ} "
+                 "(own + other servers' busy slots)")  # fmt: skip
         if budget is not None:
             speed += (
                 f", rescaled from the cores the probe's servers got to what {budget.cores:g} cores leave them "

@@ -210,6 +210,20 @@ def test_speed_drift_is_the_spread_of_the_medians_of_a_run_s_parts() -> None:
     assert busy > 0.2 > light
 
 
+def test_holds_become_work_with_every_slot_busy() -> None:
+    """A hold that ran while some of the server's slots were free ran faster: as work at the speed of
+    every slot busy it counts 1 / slowdown(busy) per ms, piece by piece of its occupancy."""
+    half = lambda busy: 0.5 if busy < 2 else 1.0  # noqa: E731  (alone: twice the speed of 2 busy)
+    assert Q.work_at_full([(0.0, 10.0)], half) == pytest.approx([20.0])
+    assert Q.work_at_full([(0.0, 10.0), (0.0, 10.0)], half) == pytest.approx([10.0, 10.0])
+    # 5 ms alone (10 of work) then 5 ms together (5): 15 each; the third, alone later, 2 x its time
+    got = Q.work_at_full([(0.0, 10.0), (5.0, 15.0), (20.0, 23.0)], half)
+    assert got == pytest.approx([15.0, 15.0, 6.0])
+    assert Q.work_at_full([(3.0, 3.0)], half) == [0.0]  # no stream: no work
+    # the same holds at a constant speed are their own times
+    assert Q.work_at_full([(0.0, 7.0), (1.0, 4.0)], lambda busy: 1.0) == pytest.approx([7.0, 3.0])
+
+
 def test_each_measured_occupancy_has_a_key() -> None:
     from stagescope.service.llama_cpp import slot_probe as P
 
