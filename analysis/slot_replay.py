@@ -28,12 +28,14 @@ from stagescope.analysis.breach import NOT_SHED, SLIView, scope_filter, sql_str
 from stagescope.analysis.interval_sql import breakdown_estimate as _q
 from stagescope.analysis.keys import trace_ref
 
-__all__ = ["REPLAY_TOLERANCE", "occupancy_slowdown", "occupancy_table", "slot_scale_out"]
+__all__ = ["MAX_DRIFT", "REPLAY_TOLERANCE", "occupancy_slowdown", "occupancy_table", "slot_scale_out"]
 
 #: The slot replay (:func:`slot_scale_out`) is used where, replayed with today's slots, it gives the
 #: measured queue's SLO quantile within this share (on a llama.cpp run: 14,870 ms replayed, 14,971 ms
 #: measured).
 REPLAY_TOLERANCE = 0.25
+#: The slot times' drift the interval's replays use is at most this share (slot times 0.5-1.5x).
+MAX_DRIFT = 0.5
 
 
 def occupancy_table(con: duckdb.DuckDBPyConnection, lever: str) -> dict[tuple[int, int], float]:
@@ -145,7 +147,8 @@ def slot_scale_out(
     after = replay(1.0)
     # the machine's speed moved this much within the baseline: the lever run may see its slots that much
     # slower or faster, and near the queue's knee the quantile moves several times as much (the interval)
-    drift = Q.speed_drift([w for w, (*_, k) in zip(full, rows, strict=True) if k])
+    # (at most MAX_DRIFT: the replay needs a positive speed)
+    drift = min(MAX_DRIFT, Q.speed_drift([w for w, (*_, k) in zip(full, rows, strict=True) if k]))
     lo_w, hi_w = (replay(1.0 - drift), replay(1.0 + drift)) if drift > 0 else (after, after)
     q = view.slo.quantile
     con.register("ss_replay_src", pa.table({"ref": [r for r, _, _, _ in rows], "t0": [t for _, t, _, _ in rows],
