@@ -15,6 +15,7 @@ first-come first-served; a bursty trace or a warm-up period makes the real tail 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import duckdb
 
 __all__ = [
+    "DRIFT_PARTS",
     "Arrivals",
     "QueueModel",
     "arrivals",
@@ -30,8 +32,13 @@ __all__ = [
     "replay_shared",
     "replay_waits",
     "servers_for",
+    "speed_drift",
     "uniform_rank_sql",
+    "work_at_full",
 ]
+
+#: :func:`speed_drift` compares the medians of this many consecutive parts of a run.
+DRIFT_PARTS = 3
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -248,3 +255,46 @@ def replay_shared(
                 busy[int(a[1])] -= 1
         admit()
     return waits
+
+
+def speed_drift(hold_ms: list[float], parts: int = DRIFT_PARTS) -> float:
+    """How far the time to serve the same work moved within one run: the largest over the smallest
+    median hold among ``parts`` consecutive parts of ``hold_ms`` (in arrival order), minus 1 (0.08 =
+    8 %); 0 with fewer than 2 holds a part. Meant for a run whose slots were busy throughout (each hold
+    the same work at the same occupancy), so what moves is the machine's speed for it. A replay that
+    predicts another run minutes later from these holds can be off by that much in its slot times;
+    where the queue sits near its knee that moves the predicted quantile several times as much (a
+    llama.cpp scale-out: 5 % longer slot times, 17-39 % longer TTFT p95), so the replay is repeated at
+    ``1 -/+ drift`` for the prediction's interval (analysis.slot_replay.slot_scale_out)."""
+    n = len(hold_ms) // max(1, parts)
+    if parts < 2 or n < 2:
+        return 0.0
+    meds = sorted(sorted(hold_ms[i * n:(i + 1) * n])[n // 2] for i in range(parts))
+    return meds[-1] / meds[0] - 1.0 if meds[0] > 0 else 0.0
+
+
+def work_at_full(holds: list[tuple[float, float]], slowdown: Callable[[int], float]) -> list[float]:
+    """Each hold ``(start ms, end ms)`` on one server as work at the speed of that server with every slot
+    busy (ms): the integral over the hold of ``1 / slowdown(busy)``, ``busy`` being how many of the
+    holds overlap at that moment (itself included) and ``slowdown(busy)`` the server's time at that
+    occupancy over its time with every slot busy (below 1 while slots are free). A replay whose requests
+    progress at the speed of an occupancy relative to every slot busy (:func:`replay_shared`) needs its
+    work in those units: a baseline not saturated throughout ran part of its holds faster (one llama.cpp
+    baseline held its slots 1,207 ms on average, against 1,594 ms with both slots busy, and the
+    lever run then held them 1.32x as long as predicted). A sweep over the holds' ends: O(n log n)."""
+    events = sorted([(s, 1) for s, e in holds if e > s] + [(e, -1) for s, e in holds if e > s])
+    # F(t) = integral of 1 / slowdown(busy) from the first event: piecewise linear between events
+    times: list[float] = []
+    cum: list[float] = []
+    busy, acc, last = 0, 0.0, None
+    for t, d in events:
+        if last is not None and t > last and busy > 0:
+            acc += (t - last) / max(1e-9, slowdown(busy))
+        times.append(t)
+        cum.append(acc)
+        busy, last = busy + d, t
+
+    def at(t: float) -> float:  # F at an event time (the last entry at t: every change at t applied)
+        return cum[bisect.bisect_right(times, t) - 1]
+
+    return [at(e) - at(s) if e > s else 0.0 for s, e in holds]

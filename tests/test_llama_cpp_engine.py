@@ -149,3 +149,7 @@ def test_each_llama_scenario_is_diagnosed_as_its_truth(
             assert pred is not None and pred <= report["quantile_ms"]
         else:
             assert pred is not None and pred < report["quantile_ms"]
+        if sc.lever == N.LEVER_SCALE_OUT and "replayed" in lever["rationale"]:
+            # the interval carries the slot times' drift within the run (replays at 1 -/+ drift)
+            lo, hi = lever.get("interval_ms") or (None, None)
+            assert (lo is None or lo <= pred) and (hi is None or pred <= hi)

@@ -183,6 +183,47 @@ def test_replay_shared_follows_the_occupancy_of_the_machine() -> None:
         Q.replay_shared([0.0, 1.0], [1.0], replicas=1, slots=1, slowdown=lambda own, others: 1.0)
 
 
+def test_speed_drift_is_the_spread_of_the_medians_of_a_run_s_parts() -> None:
+    """The slot times' own uncertainty for the scale-out interval: the largest over the smallest median
+    of a run's consecutive thirds, minus 1; one slow request in a part does not move its median; too
+    few holds a part say nothing (0)."""
+    holds = [1000.0, 990.0, 1010.0, 1100.0, 1090.0, 5000.0, 1050.0, 1040.0, 1060.0]
+    assert Q.speed_drift(holds) == pytest.approx(0.1)
+    assert Q.speed_drift(holds[::-1]) == pytest.approx(0.1)
+    assert Q.speed_drift([1000.0] * 9) == 0.0
+    assert Q.speed_drift([1000.0, 1200.0, 900.0, 1100.0, 800.0]) == 0.0  # fewer than 2 a part
+    assert Q.speed_drift(holds, parts=1) == 0.0
+    # a knee: the same arrivals through 4 slots at slot times +/- that drift move the wait quantile
+    # by more than the drift where the queue is near saturation, by little where it is light
+    import random
+
+    rng = random.Random(5)
+    arr = sorted(rng.uniform(0, 60_000) for _ in range(80))
+    work = [rng.uniform(1300, 1600) for _ in arr]
+
+    def p95(k: float, scale: float) -> float:
+        w = sorted(Q.replay_waits([a * scale for a in arr], [h * k for h in work], 4))
+        return w[int(0.95 * len(w))]
+
+    busy = (p95(1.1, 1.0) - p95(0.9, 1.0)) / max(p95(1.0, 1.0), 1.0)
+    light = (p95(1.1, 3.0) - p95(0.9, 3.0)) / max(p95(1.0, 3.0), 1.0)
+    assert busy > 0.2 > light
+
+
+def test_holds_become_work_with_every_slot_busy() -> None:
+    """A hold that ran while some of the server's slots were free ran faster: as work at the speed of
+    every slot busy it counts 1 / slowdown(busy) per ms, piece by piece of its occupancy."""
+    half = lambda busy: 0.5 if busy < 2 else 1.0  # noqa: E731  (alone: twice the speed of 2 busy)
+    assert Q.work_at_full([(0.0, 10.0)], half) == pytest.approx([20.0])
+    assert Q.work_at_full([(0.0, 10.0), (0.0, 10.0)], half) == pytest.approx([10.0, 10.0])
+    # 5 ms alone (10 of work) then 5 ms together (5): 15 each; the third, alone later, 2 x its time
+    got = Q.work_at_full([(0.0, 10.0), (5.0, 15.0), (20.0, 23.0)], half)
+    assert got == pytest.approx([15.0, 15.0, 6.0])
+    assert Q.work_at_full([(3.0, 3.0)], half) == [0.0]  # no stream: no work
+    # the same holds at a constant speed are their own times
+    assert Q.work_at_full([(0.0, 7.0), (1.0, 4.0)], lambda busy: 1.0) == pytest.approx([7.0, 3.0])
+
+
 def test_each_measured_occupancy_has_a_key() -> None:
     from stagescope.service.llama_cpp import slot_probe as P
 

@@ -20,7 +20,7 @@ llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generate
   SLO (the demo sizes the rate and the threshold to the machine first, :mod:`.sizing`). Lever: fewer
   slots (``--parallel 4``; the demo applies the analysis' cap): the excess waits for a slot instead.
 * ``llama-slots-busy``: 2 slots and long answers: arrivals need more slot time than two slots give,
-  so requests wait for a free slot at the gateway (the demo sizes the rate to 1.5 x the slots' measured
+  so requests wait for a free slot at the gateway (the demo sizes the rate to slot_probe.SLOTS_OVERLOAD x the slots' measured
   capacity and the threshold to 2 x a request's service time, :mod:`.sizing`). Lever: a second llama-server behind the router
   (scale-out; on a 2-core machine it only helps while a core is free for it).
 """
