@@ -74,8 +74,11 @@ __all__ = [
 #: wait p95 by 31-39 % (8-25 % at 1.05, 17-33 % at 1.15). But the probe's speed is not the run's: at
 #: 1.05 one probe timed S at 1,740 ms and the baseline then held both slots 1,200-1,350 ms, so the run
 #: was at about 0.85 of its slots' capacity and its TTFT p95 only 1.16x the threshold (4,034 ms against
-#: 3,480). 1.15 keeps the overload where the run is up to 15 % faster than its probe.
-SLOTS_OVERLOAD = 1.15
+#: 3,480), and at 1.15 a probe run while other work held the cores (its servers got 0.32-0.40 cores) timed
+#: S at 4,132 ms, so the baseline, on a freed machine, did not breach at all. The sizing does not yet
+#: rescale a starved probe, so the overload stays 1.25: the breach the diagnosis (and its CI test) needs
+#: must survive a run up to 25 % faster than its probe, knee or not.
+SLOTS_OVERLOAD = 1.25
 #: The slot fault's TTFT threshold over one request's service time (every slot busy).
 TTFT_SLO_OVER_SERVICE = 2.0
 #: Rounds of the slot probe, alternating between the scenario's servers and the lever's; the medians
