@@ -73,6 +73,14 @@ def occupancy_slowdown(table: dict[tuple[int, int], float], served_ms: float) ->
     return slowdown
 
 
+def _in_full(values: list[float], kept: list[bool]) -> list[float]:
+    """With the lever each request is served in full: one without a sample (closed by its client,
+    failed) holds at least the median of the kept ones' ``values`` (hold or work, ms)."""
+    ks = sorted(v for v, k in zip(values, kept, strict=True) if k)
+    typical = ks[len(ks) // 2]
+    return [v if k else max(v, typical) for v, k in zip(values, kept, strict=True)]
+
+
 def slot_scale_out(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, col: str, *, executors: int, ratio: float,
     to_executors: int | None = None,
@@ -116,9 +124,8 @@ def slot_scale_out(
     t0 = rows[0][1]
     arr = [(t - t0) / 1e6 for _, t, _, _ in rows]
     hold = [float(h) for _, _, h, _ in rows]  # as it happened: a closed request held its slot until it left
-    typical = kept_holds[len(kept_holds) // 2]
-    # with the lever each is served in full: a closed one holds at least the median served request's time
-    full = [h if k else max(h, typical) for (_, _, h, k) in rows]
+    kept = [k for *_, k in rows]
+    full = _in_full(hold, kept)
     c2 = to_executors or 2 * executors
     now = Q.replay_waits(arr, hold, executors)
     # the scaled-out servers' measured speed at each occupancy, relative to the speed the holds were
@@ -133,8 +140,7 @@ def slot_scale_out(
         # the holds as work with every slot busy, which the table's speeds are relative to: a hold that
         # ran while some of today's slots were free ran at the lever's server's speed alone at that occupancy
         work = Q.work_at_full(spans, lambda busy: slow(busy, 0) if busy < executors else 1.0)
-        kept_work = sorted(w for w, (*_, k) in zip(work, rows, strict=True) if k)
-        full = [w if k else max(w, kept_work[len(kept_work) // 2]) for w, (*_, k) in zip(work, rows, strict=True)]
+        full = _in_full(work, kept)
 
         def replay(k: float) -> list[float]:  # slot times x k
             return Q.replay_shared(arr, full, replicas=c2 // executors, slots=executors,
@@ -148,7 +154,8 @@ def slot_scale_out(
     # the machine's speed moved this much within the baseline: the lever run may see its slots that much
     # slower or faster, and near the queue's knee the quantile moves several times as much (the interval)
     # (at most MAX_DRIFT: the replay needs a positive speed)
-    drift = min(MAX_DRIFT, Q.speed_drift([w for w, (*_, k) in zip(full, rows, strict=True) if k]))
+    kept_full = [w for w, k in zip(full, kept, strict=True) if k]
+    drift = min(MAX_DRIFT, Q.speed_drift(kept_full))
     lo_w, hi_w = (replay(1.0 - drift), replay(1.0 + drift)) if drift > 0 else (after, after)
     q = view.slo.quantile
     con.register("ss_replay_src", pa.table({"ref": [r for r, _, _, _ in rows], "t0": [t for _, t, _, _ in rows],
@@ -181,7 +188,7 @@ def slot_scale_out(
     closed = sum(1 for *_, k in rows if not k)
     if shared:
         occ = ", ".join(f"{o}+{x} busy x{ms / served_ms:.2f}" for (o, x), ms in sorted(table.items()))
-        speed = (f"; {sum(kept_work) / len(kept_work):,.0f} ms as work with all {executors} of today's slots busy "
+        speed = (f"; {sum(kept_full) / len(kept_full):,.0f} ms as work with all {executors} of today's slots busy "
                  f"(a hold with free slots ran faster); at the measured speed of its server's occupancy: {occ} "
                  "(own + other servers' busy slots)")  # fmt: skip
         if budget is not None:
