@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 import stagescope
 from stagescope import names
 from stagescope.instrumentation.export import BackgroundSpanExporter
+from stagescope.instrumentation.otlp_http import OtlpHttpClient
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 from otlp_receiver import ReceiverProcess
@@ -44,7 +45,7 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_endpoint_down_refusing_or_hanging_never_slows_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     receiver = ReceiverProcess()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
@@ -104,10 +105,19 @@ def test_endpoint_down_refusing_or_hanging_never_slows_requests(monkeypatch: pyt
                 await phase(client, "ok")
                 await phase(client, "hang")
                 await phase(client, "refuse")
-            # a sustained outage: the exporter gives up on batches (timeout / refused) and counts them
+            # a sustained outage: the exporter gives up on batches (timeout / refused) and counts them.
+            # How long that may take follows from its retry policy, not a guess: with the backoff at its
+            # cap a fresh batch waits the cap, then each of its attempts can hang for the timeout and be
+            # followed by a wait of the cap + 20 % jitter (4 x (2 + 6) s = 32 s with the defaults; CI once
+            # saw a 20 s bound run out in "refuse", the batch still on its third attempt).
+            exporter = handle.exporter
+            timeout_s = (
+                exporter.sender.config.timeout_s if isinstance(exporter.sender, OtlpHttpClient) else 2.0
+            )
+            give_up_s = exporter.max_attempts * (exporter.max_backoff_s * 1.2 + timeout_s) + 5
             for mode in ("hang", "refuse"):
                 failed_before = dropped("export_failed")
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + give_up_s
                 while dropped("export_failed") == failed_before and time.monotonic() < deadline:
                     await phase(client, mode)
                 assert dropped("export_failed") > failed_before, mode
