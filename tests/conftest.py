@@ -57,6 +57,7 @@ PARALLEL_SAFE = frozenset(
         "test_dashboards_build.py",
         "test_engines.py",
         "test_extras.py",
+        "test_gcheap.py",
         "test_gpu_dcgm_compat.py",
         "test_levers_cross.py",
         "test_levers_fleet.py",
