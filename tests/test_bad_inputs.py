@@ -194,10 +194,15 @@ def _start_serve(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen
             lines.append(line)
             m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             if m:
-                threading.Thread(target=_drain, args=(proc, lines), daemon=True).start()
+                _DRAINS[proc.pid] = threading.Thread(target=_drain, args=(proc, lines), daemon=True)
+                _DRAINS[proc.pid].start()
                 return proc, int(m[1]), lines
     proc.kill()
     raise AssertionError(f"serve did not start: {''.join(lines)}")
+
+
+#: per server pid, the thread reading its log (joined once the server has exited)
+_DRAINS: dict[int, threading.Thread] = {}
 
 
 def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
@@ -241,7 +246,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    time.sleep(0.2)  # the drain thread reads the last lines
+    # every line up to the exit (a warning written while the server drains at shutdown, a traceback)
+    # is in the log once its reader reached the end of the pipe, however long a loaded machine takes
+    drain = _DRAINS.pop(proc.pid, None)
+    if drain is not None:
+        drain.join(30)
+        assert not drain.is_alive(), "the server's log pipe stayed open after it exited"
 
 
 @pytest.fixture(scope="module")

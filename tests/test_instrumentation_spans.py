@@ -206,9 +206,13 @@ def test_tail_sampling_keeps_slow_requests_and_a_baseline_share() -> None:
         await call(app, "GET", "/sleep/200")
 
     asyncio.run(run())
-    (server,) = server_spans(spans_of(handle, exporter))
-    assert dict(server.attributes or {})[names.ATTR_SAMPLED_REASON] == "slow"
-    assert dict(server.attributes or {})["http.target"] == "/sleep/200"
+    kept = server_spans(spans_of(handle, exporter))
+    # the 200 ms request is kept as slow; a 1 ms one only when a loaded machine stalled it past the
+    # threshold (by its own recorded duration), never otherwise
+    assert {dict(s.attributes or {})[names.ATTR_SAMPLED_REASON] for s in kept} == {"slow"}
+    assert "/sleep/200" in {dict(s.attributes or {})["http.target"] for s in kept}
+    lasted_ms = [((s.end_time or 0) - (s.start_time or 0)) / 1e6 for s in kept]
+    assert min(lasted_ms) >= 150, lasted_ms
     # every request is still in the metrics
     assert (
         handle.metrics.registry.get_sample_value(

@@ -81,7 +81,8 @@ def test_serve_keeps_serving_while_redis_is_down() -> None:
             port = int(line.rsplit(":", 1)[1])
             break
     assert port, "".join(lines)
-    threading.Thread(target=lambda: lines.extend(serve.stderr or []), daemon=True).start()
+    reader = threading.Thread(target=lambda: lines.extend(serve.stderr or []), daemon=True)
+    reader.start()
     predict = b'{"inputs": [1.0, 2.0]}'
     generate = b'{"prompt": "a b c", "max_tokens": 2, "stream": false}'
     redis = None
@@ -105,7 +106,7 @@ def test_serve_keeps_serving_while_redis_is_down() -> None:
             redis.kill()
         serve.terminate()
         serve.wait(20)
-        time.sleep(0.2)
+        reader.join(30)  # the whole log, to the end of the pipe, however long a loaded machine takes
     log = "".join(lines)
     assert "Traceback" not in log, log
     warnings = [line for line in log.splitlines() if "feature store" in line]

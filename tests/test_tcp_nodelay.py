@@ -21,6 +21,11 @@ from stagescope.loadgen.results import RequestResult
 from stagescope.service.cli import _bind
 
 _REQUEST = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+#: Linux's shortest delayed ACK (TCP_DELACK_MIN, HZ/25) is 40 ms: the defect adds that to every
+#: keep-alive response; half of it as the margin keeps a loaded machine's few-ms stalls from reading
+#: as the defect while the defect still exceeds it (measured 42.8-53 ms without TCP_NODELAY)
+_DELAYED_ACK_S = 0.040
+_MARGIN_S = _DELAYED_ACK_S / 2
 
 
 def _exchange(sock: socket.socket) -> float:
@@ -52,8 +57,8 @@ def test_keepalive_responses_are_as_fast_as_the_first(tmp_path: Path) -> None:
     first = statistics.median(firsts)
     later = times[1:]
     print(f"first responses median {first * 1e3:.2f} ms; keep-alive: {[round(t * 1e3, 2) for t in times]}")
-    assert statistics.median(later) <= first + 0.005, (first, later)
-    assert sum(t <= first + 0.005 for t in later) >= 0.8 * len(later), (first, later)  # not just the median
+    assert statistics.median(later) <= first + _MARGIN_S, (first, later)
+    assert sum(t <= first + _MARGIN_S for t in later) >= 0.8 * len(later), (first, later)  # not just the median
 
 
 def test_serve_listens_with_tcp_nodelay() -> None:
