@@ -44,8 +44,10 @@ __all__ = [
 ]
 
 #: A probe whose servers got under this share of the cores they may use ran starved, and is repeated:
-#: the starved probe above got 0.32-0.40; the others of that series 0.77-0.97.
-STARVED_SHARE = 0.6
+#: the starved probe above got 0.32-0.40; the others of that series 0.77-0.97. 0.6 at first: a probe
+#: whose lever servers got 0.60 passed, and its lever run, with the same outside load, held its slots
+#: on 0.58 cores per server where the analysis expected the 0.84-0.87 of unloaded runs.
+STARVED_SHARE = 0.7
 #: Probes at most while each runs starved (about 40 s each); the least starved one counts.
 PROBE_ATTEMPTS = 2
 

@@ -22,7 +22,7 @@ llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generate
 * ``llama-slots-busy``: 2 slots and long answers: arrivals need more slot time than two slots give,
   so requests wait for a free slot at the gateway. The demo sizes it to the machine first
   (:mod:`.slot_probe`): a probe times a request with both slots busy (S) and reads the CPU its server
-  got; a probe whose servers got under 60 % of the cores they may use (their threads, within the
+  got; a probe whose servers got under 70 % of the cores they may use (their threads, within the
   affinity mask and cgroup quota) is repeated, and S is taken at the server's full cores
   (:mod:`.probe_share`), as the run's server gets them. The rate is slot_probe.SLOTS_OVERLOAD (1.15)
   x the two slots' capacity at that S, so the queue grows through the run and the TTFT p95 passes
