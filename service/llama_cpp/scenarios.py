@@ -28,7 +28,7 @@ llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generate
   x the two slots' capacity at that S, so the queue grows through the run and the TTFT p95 passes
   the threshold of 2 x S; with the lever the four slots are about 67-80 % busy (by the probe): lower
   on the queueing curve than at the earlier 1.25 x of an unscaled S, but still near its knee (the
-  predicted p95 moves 4.7-6.2x as much as the slot times; README, "Sizing on a trustworthy probe"). Lever: a second llama-server behind the router (scale-out; on a 2-core machine it only
+  predicted p95 moves 4.3-6.2x as much as the slot times; README, "Sizing on a trustworthy probe"). Lever: a second llama-server behind the router (scale-out; on a 2-core machine it only
   helps while a core is free for it: about 1.6x the capacity).
 """
 
