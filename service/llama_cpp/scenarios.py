@@ -20,9 +20,16 @@ llama.cpp's own timings, are about 0.8 ms per prompt token and 2 ms per generate
   SLO (the demo sizes the rate and the threshold to the machine first, :mod:`.sizing`). Lever: fewer
   slots (``--parallel 4``; the demo applies the analysis' cap): the excess waits for a slot instead.
 * ``llama-slots-busy``: 2 slots and long answers: arrivals need more slot time than two slots give,
-  so requests wait for a free slot at the gateway (the demo sizes the rate to slot_probe.SLOTS_OVERLOAD x the slots' measured
-  capacity and the threshold to 2 x a request's service time, :mod:`.sizing`). Lever: a second llama-server behind the router
-  (scale-out; on a 2-core machine it only helps while a core is free for it).
+  so requests wait for a free slot at the gateway. The demo sizes it to the machine first
+  (:mod:`.slot_probe`): a probe times a request with both slots busy (S) and reads the CPU its server
+  got; a probe whose servers got under 70 % of the cores they may use (their threads, within the
+  affinity mask and cgroup quota) is repeated, and S is taken at the server's full cores
+  (:mod:`.probe_share`), as the run's server gets them. The rate is slot_probe.SLOTS_OVERLOAD (1.15)
+  x the two slots' capacity at that S, so the queue grows through the run and the TTFT p95 passes
+  the threshold of 2 x S; with the lever the four slots are about 67-80 % busy (by the probe): lower
+  on the queueing curve than at the earlier 1.25 x of an unscaled S, but still near its knee (the
+  predicted p95 moves 4.3-6.2x as much as the slot times; README, "Sizing on a trustworthy probe"). Lever: a second llama-server behind the router (scale-out; on a 2-core machine it only
+  helps while a core is free for it: about 1.6x the capacity).
 """
 
 from __future__ import annotations
