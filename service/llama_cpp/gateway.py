@@ -50,6 +50,7 @@ from prometheus_client.registry import Collector
 
 import stagescope
 from stagescope import names as N
+from stagescope.gcheap import freeze_startup_heap
 from stagescope.instrumentation.record import now_ns
 
 __all__ = ["MODEL_ID", "MetricsRelay", "Replica", "Router", "create_gateway_app"]
@@ -219,6 +220,7 @@ def create_gateway_app(
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         state["client"] = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
         poller = asyncio.create_task(relay.run(), name="llamacpp-metrics-relay")
+        freeze_startup_heap()  # no full collection of the startup heap pauses a request (stagescope.gcheap)
         try:
             yield
         finally:
