@@ -45,9 +45,17 @@ def test_freeze_collects_garbage_first_then_freezes_what_lives() -> None:
 
 
 def test_frozen_heap_unfreezes_after_and_keeps_a_freeze_made_before() -> None:
+    gc.collect()
+    garbage = _Node()
+    dead = weakref.ref(garbage)
+    del garbage
     with frozen_heap() as count:
         assert count > 1000 and gc.get_freeze_count() > 1000
+        gc.collect()
+        assert dead() is not None  # frozen as it was: the block does not wait for a full collection
     assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert dead() is None, "garbage frozen by the block was not given back to the collector"
     freeze_startup_heap()
     with frozen_heap():
         pass
