@@ -202,15 +202,11 @@ class Service:
             async for chunk in tokens():
                 if chunk is not _DONE:
                     words.append(orjson.loads(chunk[6:])["token"])
-            return JSONResponse(
-                {"model": s.llm_model_name, "text": " ".join(words), "output_tokens": len(words)}
-            )
+            return JSONResponse({"model": s.llm_model_name, "text": " ".join(words), "output_tokens": len(words)})
         stream = stagescope.instrument_stream(
             tokens(), record=rec, tokens_per_chunk=lambda c: 0 if c is _DONE else 1
         )
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def create_app(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from service_support import drive, free_port, quantile, read_spans, serve
 
 from stagescope import names as N
@@ -51,9 +52,7 @@ def test_cli_bad_input_is_one_line_exit_2() -> None:
     assert r.returncode == 0 and "llm-decode-heavy" in r.stdout
 
 
-async def _stream(
-    url: str, prompt: str, max_tokens: int, trace_id: str
-) -> tuple[int, float, list[float], str]:
+async def _stream(url: str, prompt: str, max_tokens: int, trace_id: str) -> tuple[int, float, list[float], str]:
     """One streamed generation over a connection opened beforehand (a GET /healthz on the same
     session), so that ``sent`` is when the request left and not when a TCP connection started: the
     server's TTFT is timed from the request's arrival, which a fresh connection's setup precedes."""
@@ -81,9 +80,7 @@ def test_readiness_cold_start_bad_requests_streams_and_no_text(tmp_path: Path) -
         async def during_load() -> tuple[int, int]:
             async with aiohttp.ClientSession() as session:
                 headers = {"traceparent": f"00-{'c' * 32}-{'1' * 16}-01"}
-                async with session.post(
-                    s.url + PREDICT_ROUTE, json={"inputs": [1.0, 2.0]}, headers=headers
-                ) as r:
+                async with session.post(s.url + PREDICT_ROUTE, json={"inputs": [1.0, 2.0]}, headers=headers) as r:
                     await r.read()
                     return r.status, _status(s.url + "/readyz")
 
@@ -112,9 +109,7 @@ def test_readiness_cold_start_bad_requests_streams_and_no_text(tmp_path: Path) -
     spans = {r.trace_id: r for r in read_spans(s.spans_dir)}
     cold = spans["c" * 32]
     assert cold.attrs[N.ATTR_COLD_START] is True and cold.stages.get(N.STAGE_COLD_START, 0) > 100
-    assert all(r.status < 500 for r in spans.values() if "readyz" not in r.name), [
-        (r.name, r.status, r.attrs.get("error.type")) for r in spans.values() if r.status >= 500
-    ]
+    assert all(r.status < 500 for r in spans.values() if "readyz" not in r.name), [(r.name, r.status, r.attrs.get("error.type")) for r in spans.values() if r.status >= 500]
     # Each server TTFT lies inside its client's (the request arrives after it leaves, the first token
     # is written before it is read), and the closest of the five is within 5 ms of it: a loaded machine
     # delays some of the client's reads, a server timing TTFT from a later point (after its queue or
@@ -147,12 +142,13 @@ def test_overload_sheds_with_retry_after_and_recovers(tmp_path: Path) -> None:
     with serve(tmp_path, "--scenario", "saturated", "--set", "max_queue=8") as s:
         burst = asyncio.run(drive(s.url, PREDICT_ROUTE, 150.0, 2.0, Workload(), seed=3))
         # the backlog (at most 8 x 25 ms of compute) drains before the calm phase starts: waited for by
-        # the service's own gauges, not a sleep a loaded machine can outlast
+        # the service's own gauges (a scrape counts as no request in flight), not a sleep a loaded
+        # machine can outlast
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (
-            _gauge(_text(s.url + "/metrics"), N.METRIC_QUEUE_DEPTH) > 0
-            or _gauge(_text(s.url + "/metrics"), N.METRIC_INFLIGHT) > 0  # (a scrape counts as none)
-        ):
+        while time.monotonic() < deadline:
+            page = _text(s.url + "/metrics")
+            if _gauge(page, N.METRIC_QUEUE_DEPTH) == 0 and _gauge(page, N.METRIC_INFLIGHT) == 0:
+                break
             time.sleep(0.1)
         calm = asyncio.run(drive(s.url, PREDICT_ROUTE, 10.0, 2.0, Workload(), seed=4))
         metrics_text = _text(s.url + "/metrics")
@@ -161,9 +157,7 @@ def test_overload_sheds_with_retry_after_and_recovers(tmp_path: Path) -> None:
     assert {r.status for r in burst} <= {200, 429}
     assert all(r.status == 200 for r in calm)
     assert quantile([r.latency_ms for r in calm], 0.99) < 300
-    line = next(
-        x for x in metrics_text.splitlines() if x.startswith(N.METRIC_REQUESTS_SHED) and "/v1/predict" in x
-    )
+    line = next(x for x in metrics_text.splitlines() if x.startswith(N.METRIC_REQUESTS_SHED) and "/v1/predict" in x)
     assert float(line.rsplit(" ", 1)[1]) == len(shed)
 
 
@@ -180,9 +174,7 @@ def test_real_redis_feature_store(tmp_path: Path) -> None:
                     break
             time.sleep(0.05)
         url = f"redis://127.0.0.1:{port}/0"
-        with serve(
-            tmp_path, "--feature-store", url, "--set", "feature_latency_ms=0", "--set", "num_entities=50"
-        ) as s:
+        with serve(tmp_path, "--feature-store", url, "--set", "feature_latency_ms=0", "--set", "num_entities=50") as s:
             res = asyncio.run(drive(s.url, PREDICT_ROUTE, 20.0, 1.0, Workload(), seed=5))
         assert res and all(r.status == 200 for r in res)
         out = subprocess.run(["redis-cli", "-p", str(port), "exists", "stagescope:features:49"],
@@ -210,11 +202,7 @@ def _status(url: str) -> int:
 
 def _gauge(metrics_text: str, name: str) -> float:
     """The sum of a gauge's samples (every label set) in a /metrics page."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics_text.splitlines()
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
-    )
+    return sum(s.value for fam in text_string_to_metric_families(metrics_text) if fam.name == name for s in fam.samples)
 
 
 def _text(url: str) -> str:
