@@ -67,6 +67,7 @@ def test_endpoint_down_refusing_or_hanging_never_slows_requests(monkeypatch: pyt
     registry = CollectorRegistry()
     handle = stagescope.instrument_app(app, service_name="reliability", registry=registry)
     assert isinstance(handle.exporter, BackgroundSpanExporter)
+    assert isinstance(handle.exporter.sender, OtlpHttpClient)
     latencies: dict[str, list[float]] = {"ok": [], "hang": [], "refuse": []}
     round_p99: dict[str, list[float]] = {"ok": [], "hang": [], "refuse": []}
     n_requests = 0
@@ -111,9 +112,7 @@ def test_endpoint_down_refusing_or_hanging_never_slows_requests(monkeypatch: pyt
             # followed by a wait of the cap + 20 % jitter (4 x (2 + 6) s = 32 s with the defaults; CI once
             # saw a 20 s bound run out in "refuse", the batch still on its third attempt).
             exporter = handle.exporter
-            timeout_s = (
-                exporter.sender.config.timeout_s if isinstance(exporter.sender, OtlpHttpClient) else 2.0
-            )
+            timeout_s = exporter.sender.config.timeout_s
             give_up_s = exporter.max_attempts * (exporter.max_backoff_s * 1.2 + timeout_s) + 5
             for mode in ("hang", "refuse"):
                 failed_before = dropped("export_failed")
