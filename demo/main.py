@@ -134,6 +134,22 @@ def _stretch(report: dict[str, Any]) -> float | None:
     return round(float(tail) / min(cpu, key=lambda v: abs(math.log(v / float(tail)))), 2)
 
 
+def _outside_cores(run: RunResult) -> float | None:
+    """The cores work outside the run took beside it at its priority or above (analysis.cpu_budget, from
+    the CPU counters its gateway exported); None where it exported none (the SIMULATED engine, a
+    fronted server)."""
+    from stagescope.analysis import cpu_budget as CB
+    from stagescope.analysis.ingest import load_dataset
+    from stagescope.names import METRIC_HOST_CPU_COMPETING, STAGE_DECODE, STAGE_PREFILL
+
+    scrapes = sorted((run.out / "metrics").glob("*.prom"))
+    if not scrapes or METRIC_HOST_CPU_COMPETING not in scrapes[-1].read_text(encoding="utf-8", errors="replace"):
+        return None
+    ds = load_dataset(traces=[run.out / "spans"], metrics=[run.out / "metrics"], skip_bad=True)
+    budget = CB.baseline_budget(ds.con, [STAGE_PREFILL, STAGE_DECODE])
+    return None if budget is None else round(budget.outside_cores, 3)
+
+
 def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
     """The ``lever_check.json`` record: measured quantile before and after with their 95 % intervals,
     the predicted one with its interval, the judgement of the measurement by those intervals
@@ -175,6 +191,9 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         # a real engine's slow batches: wall over CPU time (the SIMULATED engine has no CPU time to compare)
         "batch_wall_over_cpu_before": _stretch(report) if before.engine != DEFAULT_ENGINE else None,
         "batch_wall_over_cpu_after": _stretch(after.report) if before.engine != DEFAULT_ENGINE else None,
+        # the outside load beside each run (cores): the scale-out model assumes the baseline's persists
+        "outside_cores_before": _outside_cores(before) if before.engine != DEFAULT_ENGINE else None,
+        "outside_cores_after": _outside_cores(after) if before.engine != DEFAULT_ENGINE else None,
     }
 
 
@@ -286,6 +305,12 @@ def run_one(
         out_console.print(
             f"Slow batches ran at {check['batch_wall_over_cpu_before']:g}x their CPU time in the first run and "
             f"{check['batch_wall_over_cpu_after']:g}x in the lever check (above 1: waiting for a core)"
+        )
+    outside = (check["outside_cores_before"], check["outside_cores_after"])
+    if None not in outside:
+        out_console.print(
+            f"Work outside the runs took {outside[0]:.2f} cores beside the first run and {outside[1]:.2f} beside "
+            "the lever check (the prediction assumes the first run's load stays)"
         )
     return 130 if after.interrupted else 0
 
