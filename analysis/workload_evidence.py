@@ -15,6 +15,9 @@ the data lacks them):
   ``slow_gap_to_prefill``: median of a slow overlapping gap over the longest prefill it overlaps (near
   1: the whole prompt ran in one step, chunked prefill is off; a small fraction: each step carried a
   chunk); ``overlap_prompt_tokens``: mean prompt of the prefills the slow gaps overlap;
+  ``slow_gap_chunkable_share``: share of the slow overlapping gaps whose largest overlapped prompt is
+  longer than one chunk (analysis.llm_levers.CHUNK_TOKENS): a prompt of at most one chunk runs in one
+  step whether chunked prefill is on or off, so only these gaps can be what chunking shortens;
 * **long prompts** (per-request SLIs with a prefill stage and prompt tokens): ``prompt_cap_tokens``,
   the baseline requests' SLO quantile of prompt tokens; ``long_prompt_share_tail``, the share of tail
   requests whose prompt is over it; ``prefill_ms_per_token_long`` / ``_baseline``: median prefill ms
@@ -45,6 +48,7 @@ from stagescope.analysis.attribution import Attribution
 from stagescope.analysis.breach import SLIView, sql_str
 from stagescope.analysis.breakdown import with_columns
 from stagescope.analysis.keys import has_columns
+from stagescope.analysis.llm_levers import CHUNK_TOKENS
 from stagescope.analysis.weighting import mean_sql, weighted_quantile
 
 __all__ = [
@@ -131,7 +135,8 @@ def _interference(con: duckdb.DuckDBPyConnection, view: SLIView) -> Evidence:
                    avg(over::INT) FILTER (WHERE gap_ms <= (SELECT quantile_cont(gap_ms, 0.5) FROM {GAP_OVERLAP})),
                    median(gap_ms / nullif(pf_ms, 0)) FILTER (WHERE gap_ms > {thr!r} AND over),
                    avg(tokens) FILTER (WHERE gap_ms > {thr!r} AND over),
-                   count(*) FILTER (WHERE gap_ms > {thr!r})
+                   count(*) FILTER (WHERE gap_ms > {thr!r}),
+                   avg((tokens > {CHUNK_TOKENS})::INT) FILTER (WHERE gap_ms > {thr!r} AND over)
             FROM {GAP_OVERLAP}"""
     ).fetchone()
     if row is None or not row[4]:
@@ -139,6 +144,7 @@ def _interference(con: duckdb.DuckDBPyConnection, view: SLIView) -> Evidence:
     return {
         "slow_gap_prefill_overlap": _r(row[0]), "normal_gap_prefill_overlap": _r(row[1]),
         "slow_gap_to_prefill": _r(row[2]), "overlap_prompt_tokens": _r(row[3], 1), "slow_gaps": int(row[4]),
+        "slow_gap_chunkable_share": _r(row[5]),
     }  # fmt: skip
 
 

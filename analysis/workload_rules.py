@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagescope import names as N
+from stagescope.analysis.llm_levers import CHUNK_TOKENS
 from stagescope.analysis.workload_evidence import (
     GAP_OVERLAP,
     LONG_PROMPT_RATIO,
@@ -55,6 +56,9 @@ INTERFERENCE_SHARE = 0.6
 INTERFERENCE_LIFT = 2.0
 #: A slow gap at least this share of the prefill it overlaps held the whole prompt: chunked prefill off.
 WHOLE_PREFILL = 0.5
+#: Share of the slow overlapping gaps beside a prompt longer than one chunk for chunked prefill to be the
+#: lever: a prompt of at most one chunk is one step either way (no chunk budget splits it).
+CHUNKABLE_SHARE = 0.5
 #: Gaps beside a long prefill at most this many times the gaps beside none: the engine interleaved it.
 INTERLEAVED_GAP_RATIO = 3.0
 #: Gaps beside long prefills needed to judge that.
@@ -79,9 +83,15 @@ def _interfered(ev: Evidence) -> bool:
 
 def unchunked_interference(ev: Evidence) -> bool:
     """Slow gaps spike while other requests' prefills run, each as long as a whole prefill: the
-    prompt ran in one step (chunked prefill off), so chunked prefill, a flag, comes first."""
-    ratio = ev.get("slow_gap_to_prefill")
-    return _interfered(ev) and ratio is not None and float(ratio) >= WHOLE_PREFILL
+    prompt ran in one step (chunked prefill off), so chunked prefill, a flag, comes first; only where
+    most of those prefills are of prompts longer than one chunk (a shorter prompt is one step whether
+    chunking is on or off: a slow gap as long as its prefill is then just a step, and chunking would
+    change nothing)."""
+    ratio, chunkable = ev.get("slow_gap_to_prefill"), ev.get("slow_gap_chunkable_share")
+    return (
+        _interfered(ev) and ratio is not None and float(ratio) >= WHOLE_PREFILL
+        and chunkable is not None and float(chunkable) >= CHUNKABLE_SHARE
+    )  # fmt: skip
 
 
 def prefill_interference(ev: Evidence) -> bool:
@@ -191,7 +201,9 @@ def chunked_budget_note(ev: Evidence) -> str:
 
 def chunked_why(ev: Evidence, stage_line: str) -> str:
     return (
-        f"{stage_line}; {interference_line(ev)}: whole prompts run in one engine step beside the decodes, so "
+        f"{stage_line}; {interference_line(ev)}, {_n((ev.get('slow_gap_chunkable_share') or 0) * 100, '%', 0)} of "
+        f"those beside a prompt longer than one {CHUNK_TOKENS}-token chunk: whole prompts run in one engine step "
+        "beside the decodes, so "
         "every stream decoding then waits for them. Enable chunked prefill first (vLLM "
         "--enable-chunked-prefill with --max-num-batched-tokens as the chunk budget, on by default in V1; SGLang "
         "--chunked-prefill-size): one flag on the same GPUs caps a spike at one chunk's prefill. Separate "

@@ -76,6 +76,26 @@ def test_the_rationales_cite_what_was_measured() -> None:
     assert "continuous (iteration-level) batching" in rep["levers"][0]["rationale"]
 
 
+def test_chunked_prefill_needs_prompts_longer_than_a_chunk() -> None:
+    """Slow gaps beside whole prefills are chunked prefill's only where those prompts are longer than
+    one chunk: a prompt of at most a chunk is one engine step with chunking on or off (a CI run of the
+    llama.cpp many-slots scenario, 8-token prompts, was given chunked prefill for a running batch too large)."""
+    from stagescope.analysis.llm_levers import CHUNK_TOKENS
+
+    inc, rep = _incident("llm-prefill-interference-unchunked")
+    assert rep["evidence"]["slow_gap_chunkable_share"] >= 0.6  # the rest overlap only short prompts
+    assert rep["verdict"]["lever"] == N.LEVER_CHUNKED_PREFILL
+    assert f"beside a prompt longer than one {CHUNK_TOKENS}-token chunk" in rep["levers"][0]["rationale"]
+    # the same gaps and prefills, every prompt recorded as one chunk at most
+    req = {**inc.data.requests, "input_tokens": np.minimum(inc.data.requests["input_tokens"], CHUNK_TOKENS)}
+    con = duckdb.connect()
+    S.to_tables(con, dataclasses.replace(inc.data, requests=req))
+    rep = analyze(con, inc.slo)
+    assert rep["evidence"]["slow_gap_to_prefill"] >= 0.9  # the gaps still cover whole prefills
+    assert rep["evidence"]["slow_gap_chunkable_share"] == 0.0
+    assert N.LEVER_CHUNKED_PREFILL not in {lv["lever"] for lv in rep["levers"]}, rep["levers"]
+
+
 def test_cascade_follows_a_rejected_quantize_with_the_measured_escalation_rate() -> None:
     inc, rep = _incident("predict-large-model")
     first, chosen = rep["levers"][0], rep["levers"][1]
