@@ -43,7 +43,8 @@ import duckdb
 
 from stagescope import names as N
 
-__all__ = ["CPUBudget", "baseline_budget", "for_run", "occupancy_cores", "outside_share", "rescale", "server_cores"]
+__all__ = ["CPUBudget", "baseline_budget", "engine_cpu_per_request", "for_run", "occupancy_cores", "outside_share",
+           "rescale", "server_cores"]
 
 #: Fixed-point iterations of :func:`server_cores` (the tokens streamed depend on the servers' speed).
 _ITERATIONS = 20
@@ -142,6 +143,21 @@ def _outside(con: duckdb.DuckDBPyConnection, rates: dict[tuple[str, str], tuple[
     host = float(got[0]) / ((float(got[2]) - float(got[1])) / 1000.0)
     own = sum(d / ((b - a) / 1000.0) for d, a, b in rates.values())
     return max(0.0, host - own)
+
+
+def engine_cpu_per_request(con: duckdb.DuckDBPyConnection) -> float | None:
+    """CPU seconds the run's engine servers took per request that generated tokens (all servers' CPU
+    over the run, over those requests); None without engine CPU or such requests. A lever run whose
+    servers take more CPU per request than its baseline ran slower for the same work than any CPU
+    share explains (two servers on shared cores: +4 to +19 % in this machine's runs)."""
+    try:
+        rates = _rates(con)
+        got = con.execute("SELECT count(*) FROM requests WHERE output_tokens > 0").fetchone()
+    except duckdb.Error:
+        return None
+    engine = sum(d for (role, _), (d, _, _) in rates.items() if role == N.ROLE_ENGINE)
+    n = int(got[0]) if got is not None and got[0] is not None else 0
+    return engine / n if engine > 0 and n > 0 else None
 
 
 def outside_share(budget: CPUBudget, *, left: float, servers: int) -> float:

@@ -77,6 +77,16 @@ def test_the_outside_load_is_the_host_competing_cpu_less_the_run_own() -> None:
     assert bn is not None and bn.outside_cores == 0.0
 
 
+def test_the_engine_cpu_per_request_is_the_servers_cpu_over_the_requests_that_generated() -> None:
+    con = _recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=6.3, tokens=100, holds=[(1, 4), (3, 6), (7, 9)])
+    assert CB.engine_cpu_per_request(con) == pytest.approx(6.3 / 3)
+    con.execute("INSERT INTO requests VALUES (99, 0)")  # a request that generated nothing does not count
+    assert CB.engine_cpu_per_request(con) == pytest.approx(6.3 / 3)
+    con.execute("DELETE FROM metric_samples WHERE labels[?] = ?", [N.LABEL_ROLE, N.ROLE_ENGINE])
+    assert CB.engine_cpu_per_request(con) is None  # a fronted server: no pid, no CPU
+    assert CB.engine_cpu_per_request(duckdb.connect()) is None
+
+
 def test_the_outside_work_keeps_at_most_its_fair_share_beside_the_servers() -> None:
     b = CB.CPUBudget(cores=2.0, path_s_per_token=0.0, engine_cores=1.0, path_cores=0.2, outside_cores=0.8)
     # one outside thread beside two busy servers on the 1.8 cores the path leaves: 0.6 each, so 0.6
