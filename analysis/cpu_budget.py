@@ -14,15 +14,24 @@ run after the lever):
   (``stagescope_process_cpu_seconds_total{role="gateway"|"client"}`` over the run, over the tokens
   its requests streamed; every CPU second counted per token, its fixed part too: an upper bound);
 * ``engine_cores``: the cores one engine server used while it had a busy slot (its
-  ``role="engine"`` CPU over the time its slots were busy): a server never runs faster than that.
+  ``role="engine"`` CPU over the time its slots were busy): a server never runs faster than that;
+* ``outside_cores``: the cores that work outside the run took beside it at the servers' priority or
+  above (``stagescope_host_cpu_competing_seconds_total`` over the run, less the run's own processes'
+  CPU; 0 where the gateway did not export it). The lever run is assumed to share the cores with the same
+  outside load, the way the kernel's fair scheduler shares them: each of ``k`` outside threads
+  (``ceil(outside_cores)``) gets at most what each busy server gets, so the outside work takes
+  ``min(outside_cores, k x (cores - path) / (servers + k))`` (:func:`outside_share`). Before, the model
+  assumed the outside load had gone, which a probe, a baseline and a lever run on a machine kept busy
+  by other work all contradict.
 
 At an occupancy where the probe's busy servers got ``total`` cores together and the request's server
 ``c`` of them, with ``tok`` tokens/s streamed (the slots' tokens over their time at that occupancy),
-the run's server gets ``min(engine_cores, c * (cores - path_s_per_token * tok) / total)``: the probe's
-split between the servers (a server with more busy slots takes more), scaled to what the gateway and
-the client leave; a request's time scales by the probe's cores over those. Limits: the servers are assumed CPU-bound and
+the run's server gets ``min(engine_cores, c * (cores - path_s_per_token * tok - outside) / total)``: the
+probe's split between the servers (a server with more busy slots takes more), scaled to what the gateway,
+the client and the outside work (``outside``: :func:`outside_share`) leave; a request's time scales by the probe's cores over those. Limits: the servers are assumed CPU-bound and
 single-process (one llama-server each); memory-bandwidth or SMT contention between servers that the
-probe saw stays in its times; load from other processes during the run is not known in advance.
+probe saw stays in its times; outside load that starts or stops between the baseline and the lever
+run is not known in advance (the lever check reports the cores the lever run's servers got).
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ import duckdb
 
 from stagescope import names as N
 
-__all__ = ["CPUBudget", "baseline_budget", "for_run", "occupancy_cores", "rescale", "server_cores"]
+__all__ = ["CPUBudget", "baseline_budget", "engine_cpu_per_request", "for_run", "occupancy_cores", "outside_share",
+           "rescale", "server_cores"]
 
 #: Fixed-point iterations of :func:`server_cores` (the tokens streamed depend on the servers' speed).
 _ITERATIONS = 20
@@ -48,6 +58,7 @@ class CPUBudget:
     path_s_per_token: float
     engine_cores: float
     path_cores: float  # the gateway's and the client's CPU over the run (cores), for the model line
+    outside_cores: float = 0.0  # cores outside work took beside the run at its priority or above
 
 
 def _rates(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], tuple[float, float, float]]:
@@ -115,7 +126,48 @@ def baseline_budget(con: duckdb.DuckDBPyConnection, stream_stages: list[str]) ->
     engine = max(d for d, _, _ in engines.values()) / (busy / 1000.0)
     window_s = (hi - lo) / 1000.0
     return CPUBudget(cores=cores, path_s_per_token=path_cpu / tokens, engine_cores=engine,
-                     path_cores=path_cpu / window_s)  # fmt: skip
+                     path_cores=path_cpu / window_s, outside_cores=_outside(con, rates))  # fmt: skip
+
+
+def _outside(con: duckdb.DuckDBPyConnection, rates: dict[tuple[str, str], tuple[float, float, float]]) -> float:
+    """Cores taken beside the run by work outside it at its priority or above: the host's competing CPU
+    rate less the rate of each of the run's own processes (each over its own counter's window); 0
+    without the host's counter."""
+    got = con.execute(
+        """SELECT max(value) - min(value), min(ts_ms), max(ts_ms) FROM metric_samples
+            WHERE metric = ? AND value IS NOT NULL AND ts_ms IS NOT NULL""",
+        [N.METRIC_HOST_CPU_COMPETING],
+    ).fetchone()
+    if got is None or got[0] is None or got[2] <= got[1]:
+        return 0.0
+    host = float(got[0]) / ((float(got[2]) - float(got[1])) / 1000.0)
+    own = sum(d / ((b - a) / 1000.0) for d, a, b in rates.values())
+    return max(0.0, host - own)
+
+
+def engine_cpu_per_request(con: duckdb.DuckDBPyConnection) -> float | None:
+    """CPU seconds the run's engine servers took per request that generated tokens (all servers' CPU
+    over the run, over those requests); None without engine CPU or such requests. A lever run whose
+    servers take more CPU per request than its baseline ran slower for the same work than any CPU
+    share explains (two servers on shared cores: +4 to +19 % in this machine's runs)."""
+    try:
+        rates = _rates(con)
+        got = con.execute("SELECT count(*) FROM requests WHERE output_tokens > 0").fetchone()
+    except duckdb.Error:
+        return None
+    engine = sum(d for (role, _), (d, _, _) in rates.items() if role == N.ROLE_ENGINE)
+    n = int(got[0]) if got is not None and got[0] is not None else 0
+    return engine / n if engine > 0 and n > 0 else None
+
+
+def outside_share(budget: CPUBudget, *, left: float, servers: int) -> float:
+    """The cores the outside work takes beside ``servers`` busy CPU-bound servers when the gateway and the
+    client leave ``left`` cores: its ``k = ceil(outside_cores)`` threads get at most the fair share each
+    (``left / (servers + k)``) and at most what they took in the baseline."""
+    if budget.outside_cores <= 0:
+        return 0.0
+    k = max(1, math.ceil(budget.outside_cores - 1e-9))
+    return min(budget.outside_cores, k * max(left, 0.0) / (max(servers, 1) + k))
 
 
 def occupancy_cores(con: duckdb.DuckDBPyConnection, lever: str) -> tuple[dict[tuple[int, int], float], float | None]:
@@ -143,17 +195,19 @@ def occupancy_cores(con: duckdb.DuckDBPyConnection, lever: str) -> tuple[dict[tu
 
 
 def server_cores(budget: CPUBudget, *, probe_cores: float, probe_total: float, busy_slots: int, tokens: float,
-                 probe_ms: float) -> float:  # fmt: skip
+                 probe_ms: float, servers: int = 1) -> float:  # fmt: skip
     """The cores a server gets in the run at an occupancy where the probe's server got ``probe_cores`` and
     all the probe's busy servers together ``probe_total``, its ``busy_slots`` slots streaming ``tokens``
     tokens each, the probe timing a request at ``probe_ms``: the probe's split between the servers, scaled
     to what the gateway and the client leave of the cores (their CPU per token times the tokens per
-    second at that speed), at most ``engine_cores``. A fixed point: the slower the servers, the fewer
-    tokens per second the gateway and the client relay."""
+    second at that speed) and the outside work beside the ``servers`` busy servers (:func:`outside_share`),
+    at most ``engine_cores``. A fixed point: the slower the servers, the fewer tokens per second the
+    gateway and the client relay."""
     got = probe_cores
     for _ in range(_ITERATIONS):
         hold_s = probe_ms / 1000.0 * probe_cores / max(got, 1e-9)
         left = budget.cores - budget.path_s_per_token * busy_slots * tokens / max(hold_s, 1e-9)
+        left -= outside_share(budget, left=left, servers=servers)
         got = min(budget.engine_cores, max(0.05 * probe_cores, probe_cores * left / max(probe_total, 1e-9)))
     return got
 
@@ -179,7 +233,7 @@ def rescale(
         mirror = cores.get((others, own)) if replicas == 2 and others > 0 else None
         total = probe + mirror if mirror is not None else probe * busy
         run = server_cores(budget, probe_cores=probe, probe_total=total, busy_slots=own + others, tokens=tokens,
-                           probe_ms=ms)  # fmt: skip
+                           probe_ms=ms, servers=busy)  # fmt: skip
         out[(own, others)] = ms * probe / run
     return out, served
 

@@ -195,7 +195,8 @@ def slot_scale_out(
             speed += (
                 f", rescaled from the cores the probe's servers got to what {budget.cores:g} cores leave them "
                 f"beside the gateway and the client ({budget.path_s_per_token * 1000:.2f} ms CPU per streamed "
-                f"token, {budget.path_cores:.2f} cores in the baseline; one server used {budget.engine_cores:.2f})"
+                f"token, {budget.path_cores:.2f} cores in the baseline; one server used {budget.engine_cores:.2f}; "
+                f"work outside the run took {budget.outside_cores:.2f} cores beside it, its fair share kept)"
             )
     else:
         speed = "" if ratio == 1.0 else f", x{ratio:.2f}"

@@ -134,6 +134,26 @@ def _stretch(report: dict[str, Any]) -> float | None:
     return round(float(tail) / min(cpu, key=lambda v: abs(math.log(v / float(tail)))), 2)
 
 
+def _run_cpu(run: RunResult) -> tuple[float | None, float | None]:
+    """``(outside cores, engine CPU s per request)`` of a run (analysis.cpu_budget, from the CPU counters
+    its gateway exported): the cores work outside the run took beside it at its priority or above, and
+    what its engine servers took per request; None where it exported none (the SIMULATED engine, a
+    fronted server, a gateway before the competing counter)."""
+    from stagescope.analysis import cpu_budget as CB
+    from stagescope.analysis.ingest import load_dataset
+    from stagescope.names import METRIC_HOST_CPU_COMPETING, STAGE_DECODE, STAGE_PREFILL
+
+    if run.engine == DEFAULT_ENGINE:
+        return None, None
+    scrapes = sorted((run.out / "metrics").glob("*.prom"))
+    if not scrapes or METRIC_HOST_CPU_COMPETING not in scrapes[-1].read_text(encoding="utf-8", errors="replace"):
+        return None, None
+    ds = load_dataset(traces=[run.out / "spans"], metrics=[run.out / "metrics"], skip_bad=True)
+    budget = CB.baseline_budget(ds.con, [STAGE_PREFILL, STAGE_DECODE])
+    per = CB.engine_cpu_per_request(ds.con)
+    return (None if budget is None else round(budget.outside_cores, 3)), (None if per is None else round(per, 4))
+
+
 def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
     """The ``lever_check.json`` record: measured quantile before and after with their 95 % intervals,
     the predicted one with its interval, the judgement of the measurement by those intervals
@@ -149,6 +169,7 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
     predicted_iv = _verdict_lever(report).get("interval_ms")
     after_iv = None if no_data else after.report.get("quantile_interval_ms")
     judged = None if no_data else I.judge(q_after, after_iv, predicted, predicted_iv)
+    (out_before, cpu_before), (out_after, cpu_after) = _run_cpu(before), _run_cpu(after)
     return {
         "scenario": before.scenario,
         "engine": before.engine,
@@ -175,6 +196,12 @@ def lever_check(before: RunResult, after: RunResult) -> dict[str, Any]:
         # a real engine's slow batches: wall over CPU time (the SIMULATED engine has no CPU time to compare)
         "batch_wall_over_cpu_before": _stretch(report) if before.engine != DEFAULT_ENGINE else None,
         "batch_wall_over_cpu_after": _stretch(after.report) if before.engine != DEFAULT_ENGINE else None,
+        # the outside load beside each run (cores): the scale-out model assumes the baseline's persists;
+        # and the engine servers' CPU s per request (more after the lever: the same work ran slower)
+        "outside_cores_before": out_before,
+        "outside_cores_after": out_after,
+        "engine_cpu_s_per_request_before": cpu_before,
+        "engine_cpu_s_per_request_after": cpu_after,
     }
 
 
@@ -286,6 +313,15 @@ def run_one(
         out_console.print(
             f"Slow batches ran at {check['batch_wall_over_cpu_before']:g}x their CPU time in the first run and "
             f"{check['batch_wall_over_cpu_after']:g}x in the lever check (above 1: waiting for a core)"
+        )
+    outside = (check["outside_cores_before"], check["outside_cores_after"])
+    per = (check["engine_cpu_s_per_request_before"], check["engine_cpu_s_per_request_after"])
+    if None not in outside:
+        out_console.print(
+            f"Work outside the runs took {outside[0]:.2f} cores beside the first run and {outside[1]:.2f} beside "
+            "the lever check (the prediction assumes the first run's load stays)"
+            + (f"; the engine servers took {per[0]:.3f} and {per[1]:.3f} CPU s per request ({per[1] / per[0] - 1:+.0%})"
+               if None not in per and per[0] else "")
         )
     return 130 if after.interrupted else 0
 

@@ -445,6 +445,7 @@ METRIC_EXECUTOR_OCCUPANCY_CPU: Final = "stagescope_executor_occupancy_cpu_cores"
 METRIC_PROCESS_CPU: Final = "stagescope_process_cpu_seconds_total"  # counter: CPU s (user + system)
 METRIC_PROCESS_CPU_READ_FAILURES: Final = "stagescope_process_cpu_read_failures_total"  # counter: failed reads
 METRIC_HOST_CPU_CORES: Final = "stagescope_host_cpu_cores"  # gauge: cores this process may run on (affinity, cgroup quota)
+METRIC_HOST_CPU_COMPETING: Final = "stagescope_host_cpu_competing_seconds_total"  # counter: CPU s of the usable cores taken at this priority or above
 LABEL_ROLE: Final = "role"  # which process: ROLE_GATEWAY, ROLE_CLIENT or ROLE_ENGINE
 ROLE_GATEWAY: Final = "gateway"  # the stagescope gateway itself (spans, metrics, the relay of every token)
 ROLE_CLIENT: Final = "client"  # the load generator's process (the demo's, with its metrics recorder)

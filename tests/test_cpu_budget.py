@@ -19,9 +19,11 @@ _S = 1_000_000_000  # ns per s
 
 
 def _recorded_run(*, gw_cpu: float, client_cpu: float, engine_cpu: float, tokens: int, holds: list[tuple[float, float]],
-                  window_s: float = 10.0, cores: float = 2.0) -> duckdb.DuckDBPyConnection:  # fmt: skip
+                  window_s: float = 10.0, cores: float = 2.0, host_cpu: float | None = None,
+                  ) -> duckdb.DuckDBPyConnection:  # fmt: skip
     """A baseline run as the analysis ingests it: CPU counters at the window's two ends (Unix ms), the
-    host's cores, and requests holding a slot over ``holds`` (s), ``tokens`` tokens each."""
+    host's cores (and, given ``host_cpu``, the host's competing CPU over the window), and requests
+    holding a slot over ``holds`` (s), ``tokens`` tokens each."""
     con = duckdb.connect()
     con.execute("CREATE TABLE metric_samples (metric VARCHAR, labels MAP(VARCHAR, VARCHAR), value DOUBLE, ts_ms BIGINT)")
     t0 = 1_700_000_000_000
@@ -30,6 +32,8 @@ def _recorded_run(*, gw_cpu: float, client_cpu: float, engine_cpu: float, tokens
         (N.METRIC_PROCESS_CPU, {N.LABEL_ROLE: N.ROLE_CLIENT}, 1.0, 1.0 + client_cpu),
         (N.METRIC_PROCESS_CPU, {N.LABEL_ROLE: N.ROLE_ENGINE, N.LABEL_REPLICA: "0"}, 2.0, 2.0 + engine_cpu),
     ]
+    if host_cpu is not None:
+        rows.append((N.METRIC_HOST_CPU_COMPETING, {}, 1000.0, 1000.0 + host_cpu))
     for metric, labels, a, b in rows:
         for v, ts in ((a, t0), (b, t0 + int(window_s * 1000))):
             con.execute("INSERT INTO metric_samples VALUES (?, MAP(?, ?), ?, ?)",
@@ -55,6 +59,69 @@ def test_the_baseline_budget_is_the_run_own_cpu_over_its_tokens_and_busy_time() 
     assert b.path_s_per_token == pytest.approx(2.0 / 300)  # gateway + client CPU over the tokens streamed
     assert b.path_cores == pytest.approx(0.2)  # over the 10 s window
     assert b.engine_cores == pytest.approx(6.3 / 7.0)  # engine CPU over the time a slot was busy
+
+
+def test_the_outside_load_is_the_host_competing_cpu_less_the_run_own() -> None:
+    holds = [(1, 4), (3, 6), (7, 9)]
+    # over the 10 s window: the run's processes 1.5 + 0.5 + 6.3 = 8.3 CPU s, the host's competing 16.3
+    b = CB.baseline_budget(_recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=6.3, tokens=100, holds=holds,
+                                         host_cpu=16.3), ["prefill", "decode"])  # fmt: skip
+    assert b is not None and b.outside_cores == pytest.approx(0.8)  # (16.3 - 8.3) / 10 s
+    # the host's counter missing (a gateway before it, a cgroup quota): no outside load known, as before
+    b0 = CB.baseline_budget(_recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=6.3, tokens=100, holds=holds),
+                            ["prefill", "decode"])  # fmt: skip
+    assert b0 is not None and b0.outside_cores == 0.0
+    # a host counter under the run's own (clock ticks against process times): never negative
+    bn = CB.baseline_budget(_recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=6.3, tokens=100, holds=holds,
+                                          host_cpu=8.0), ["prefill", "decode"])  # fmt: skip
+    assert bn is not None and bn.outside_cores == 0.0
+
+
+def test_the_engine_cpu_per_request_is_the_servers_cpu_over_the_requests_that_generated() -> None:
+    con = _recorded_run(gw_cpu=1.5, client_cpu=0.5, engine_cpu=6.3, tokens=100, holds=[(1, 4), (3, 6), (7, 9)])
+    assert CB.engine_cpu_per_request(con) == pytest.approx(6.3 / 3)
+    con.execute("INSERT INTO requests VALUES (99, 0)")  # a request that generated nothing does not count
+    assert CB.engine_cpu_per_request(con) == pytest.approx(6.3 / 3)
+    con.execute("DELETE FROM metric_samples WHERE labels[?] = ?", [N.LABEL_ROLE, N.ROLE_ENGINE])
+    assert CB.engine_cpu_per_request(con) is None  # a fronted server: no pid, no CPU
+    assert CB.engine_cpu_per_request(duckdb.connect()) is None
+
+
+def test_the_outside_work_keeps_at_most_its_fair_share_beside_the_servers() -> None:
+    b = CB.CPUBudget(cores=2.0, path_s_per_token=0.0, engine_cores=1.0, path_cores=0.2, outside_cores=0.8)
+    # one outside thread beside two busy servers on the 1.8 cores the path leaves: 0.6 each, so 0.6
+    assert CB.outside_share(b, left=1.8, servers=2) == pytest.approx(0.6)
+    # beside one server it keeps the 0.8 it took (its fair share would be 0.9)
+    assert CB.outside_share(b, left=1.8, servers=1) == pytest.approx(0.8)
+    # 1.5 cores outside: two threads, at most 2 x 1.8 / 4 = 0.9 beside two servers
+    b15 = CB.CPUBudget(cores=2.0, path_s_per_token=0.0, engine_cores=1.0, path_cores=0.2, outside_cores=1.5)
+    assert CB.outside_share(b15, left=1.8, servers=2) == pytest.approx(0.9)
+    none = CB.CPUBudget(cores=2.0, path_s_per_token=0.0, engine_cores=1.0, path_cores=0.2)
+    assert CB.outside_share(none, left=1.8, servers=2) == 0.0
+    # the servers get what is left: a busy loop beside two servers and no path CPU leaves each 2/3 core
+    loop = CB.CPUBudget(cores=2.0, path_s_per_token=0.0, engine_cores=1.0, path_cores=0.0, outside_cores=1.0)
+    got = CB.server_cores(loop, probe_cores=0.95, probe_total=1.9, busy_slots=4, tokens=128, probe_ms=1600.0,
+                          servers=2)  # fmt: skip
+    assert got == pytest.approx(0.95 * (2.0 - 2.0 / 3.0) / 1.9)
+    assert got < CB.server_cores(none, probe_cores=0.95, probe_total=1.9, busy_slots=4, tokens=128,
+                                 probe_ms=1600.0, servers=2)  # fmt: skip
+
+
+def test_the_competing_cpu_is_read_from_proc_stat_over_the_usable_cores() -> None:
+    from stagescope.service.llama_cpp.cpu import competing_cpu_s
+
+    stat = ("cpu  300 30 60 900 9 0 6 3 0 0\n"
+            "cpu0 100 10 20 300 3 0 2 1 0 0\n"   # user nice system idle iowait irq softirq steal
+            "cpu1 200 20 40 600 6 0 4 2 0 0\n"
+            "cpu2 999 99 99 999 9 0 9 9 0 0\n"
+            "intr 1 2 3\n")  # fmt: skip
+    # user + system + irq + softirq + steal of cpu0 and cpu1, in clock ticks of 100 per second
+    assert competing_cpu_s(stat, {0, 1}, niced=False, clk_tck=100.0) == pytest.approx((123 + 246) / 100.0)
+    # niced itself: other niced work competes with it too
+    assert competing_cpu_s(stat, {0, 1}, niced=True, clk_tck=100.0) == pytest.approx((133 + 266) / 100.0)
+    assert competing_cpu_s(stat, {0, 3}, niced=False, clk_tck=100.0) is None  # no line for cpu3
+    assert competing_cpu_s("cpu0 x y\n", {0}, niced=False, clk_tck=100.0) is None
+    assert competing_cpu_s(stat, set(), niced=False, clk_tck=100.0) is None
 
 
 def test_no_budget_without_the_cores_the_gateway_cpu_or_an_engine() -> None:
@@ -156,6 +223,10 @@ def test_the_gateway_exports_its_cpu_its_engines_and_the_probe_cores() -> None:
     assert f'{N.LABEL_REPLICA}="1"' not in text  # a process that is gone: no sample, a failure counted
     assert f"{N.METRIC_PROCESS_CPU_READ_FAILURES} 1.0" in text
     assert f"{N.METRIC_HOST_CPU_CORES} " in text
+    from stagescope.service.llama_cpp.cpu import _competing_now
+
+    # exported where /proc/stat is read and no cgroup quota caps the cores below the affinity set
+    assert (f"{N.METRIC_HOST_CPU_COMPETING} " in text) == (_competing_now() is not None)
 
 
 def test_the_probe_cores_are_read_back_by_occupancy() -> None:

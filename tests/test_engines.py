@@ -115,6 +115,7 @@ def test_lever_check_reports_the_measured_error_of_the_prediction(tmp_path: Path
     check = lever_check(before, after)
     assert check["predicted_p99_ms"] == 30.0 and check["p99_after_ms"] == 36.0 and check["within_slo_after"]
     assert check["prediction_error"] == pytest.approx(0.2)
+    assert check["outside_cores_before"] is None  # no CPU counters recorded in these runs' folders
     no_data = RunResult("x", True, tmp_path, {**report(36.0, []), "status": N.STATUS_NO_DATA, "quantile_ms": None},
                         0, None)  # fmt: skip
     gone = lever_check(before, no_data)

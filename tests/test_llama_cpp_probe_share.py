@@ -138,3 +138,58 @@ def test_a_probe_that_was_not_starved_runs_once(monkeypatch: pytest.MonkeyPatch)
     assert calls == [1]
     rate, _ = SP.slot_load(1.5, slots=config(sc).parallel)  # a share over 1 leaves S as measured
     assert over["scenario.rate_rps"] == round(rate, 1) and "S 1,500 ms as measured" in line
+
+
+# -- the long prompts' probe: the same starvation check (service/llama_cpp/sizing.py) -----------------
+
+
+def test_prompt_steps_are_taken_at_the_server_full_core() -> None:
+    from stagescope.service.llama_cpp import sizing as SZ
+
+    # a step on half its core took twice its full-core time; a share over 1 or unknown leaves it
+    assert SZ.full_core_steps([(513, 400.0, 0.5), (2049, 2400.0, 1.03), (100, 50.0, None)]) == [
+        (513, 200.0), (2049, 2400.0), (100, 50.0)]  # fmt: skip
+
+
+def test_a_starved_prompt_probe_is_repeated_and_sizes_longer_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagescope.service.llama_cpp import sizing as SZ
+
+    sc = LLAMA_SCENARIOS["llama-long-prompts"]
+    # recorded shape (this machine: 513 tokens in 139-218 ms, 2,049 in 1,013-1,273 ms on a free core);
+    # the first probe ran on 40 % of its core, the second on 95 %
+    probes = iter([[(513, 450.0, 0.40), (2049, 2800.0, 0.42)], [(513, 190.0, 0.95), (2049, 1150.0, 0.97)]])
+    monkeypatch.setattr(SZ, "_prompt_step_ms", lambda sc: next(probes))
+    over, line = SZ.sizing(sc)
+    target = SZ.LONG_PROMPT_OVER_SLO * sc.slo.threshold_ms
+    room = min(config(sc).batch_size, config(sc).ctx_per_slot) - sc.workload.max_tokens - 64
+    want = max(256, min(room, SZ.tokens_for(target, [(513, 190.0 * 0.95), (2049, 1150.0 * 0.97)])))
+    assert over["workload.long_prompt_tokens"] == want
+    assert "1 probe(s) before ran starved" in line
+    # sized on the starved probe as measured, the prompts would have been far shorter
+    assert SZ.tokens_for(target, [(513, 450.0), (2049, 2800.0)]) < 0.7 * want
+
+
+def test_a_prompt_probe_starved_twice_keeps_the_least_starved_at_its_full_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagescope.service.llama_cpp import sizing as SZ
+
+    sc = LLAMA_SCENARIOS["llama-long-prompts"]
+    calls: list[int] = []
+    got = [[(513, 450.0, 0.40), (2049, 2800.0, 0.42)], [(513, 380.0, 0.55), (2049, 2300.0, 0.5)]]
+
+    def probe(sc: Any) -> Any:
+        calls.append(1)
+        return got[len(calls) - 1]
+
+    monkeypatch.setattr(SZ, "_prompt_step_ms", probe)
+    over, line = SZ.sizing(sc)
+    assert len(calls) == P.PROBE_ATTEMPTS == 2
+    target = SZ.LONG_PROMPT_OVER_SLO * sc.slo.threshold_ms
+    room = min(config(sc).batch_size, config(sc).ctx_per_slot) - sc.workload.max_tokens - 64
+    assert over["workload.long_prompt_tokens"] == max(256, min(room, SZ.tokens_for(target, [(513, 380.0 * 0.55),
+                                                                                          (2049, 2300.0 * 0.5)])))
+    assert "all 2 probe(s) ran starved" in line
+    # a probe whose server CPU could not be read runs once, as measured
+    calls.clear()
+    got[0] = [(513, 200.0, None), (2049, 1200.0, None)]
+    over, line = SZ.sizing(sc)
+    assert calls == [1] and "starved" not in line

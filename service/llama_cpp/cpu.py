@@ -12,7 +12,14 @@ exports, for every scrape (:class:`ProcessCPU`):
   server it started (``engine``, by ``replica``; read from ``/proc/<pid>/stat``). A server it only
   fronts (``--upstream``) has no pid here and no sample. A read that fails is counted
   (:attr:`ProcessCPU.failures`, exported as ``stagescope_process_cpu_read_failures_total``) and
-  skipped.
+  skipped;
+* ``stagescope_host_cpu_competing_seconds_total``: the CPU seconds every process together took on the
+  cores this one may run on (its affinity set, from ``/proc/stat``'s per-CPU lines) at its priority or
+  above: user, system, irq, softirq and steal (a hypervisor's too), and niced user time only when this
+  process is niced itself (work at nice 19 yields to a nice-0 server, so it is not counted then). The
+  analysis takes the run's own processes off it: what is left is the outside load the servers shared
+  the cores with. Not exported under a cgroup CPU quota below the affinity set (there the host's lines
+  count other containers' work, not what the quota shares) nor where ``/proc/stat`` cannot be read.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from prometheus_client.registry import Collector
 from stagescope import names as N
 from stagescope.procs import process_cpu_s
 
-__all__ = ["ProcessCPU", "available_cores", "process_cpu_s"]
+__all__ = ["ProcessCPU", "available_cores", "competing_cpu_s", "process_cpu_s"]
 
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -61,6 +68,39 @@ def available_cores(root: Path = _CGROUP) -> float:
     return min(n, q) if q is not None and math.isfinite(q) and q > 0 else n
 
 
+def competing_cpu_s(stat: str, cpus: set[int], *, niced: bool, clk_tck: float) -> float | None:
+    """CPU seconds taken on ``cpus`` at a priority that competes with a process (``niced``: whether it
+    runs at a nice value above 0), from the text of ``/proc/stat``: user, system, irq, softirq and steal
+    of each ``cpuN`` line, and nice too when ``niced``; None without a line for every CPU of ``cpus``."""
+    total, seen = 0, set()
+    for line in stat.splitlines():
+        head, _, rest = line.partition(" ")
+        if not head.startswith("cpu") or not head[3:].isdigit() or int(head[3:]) not in cpus:
+            continue
+        try:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in rest.split()[:8])
+        except ValueError:
+            return None
+        total += user + system + irq + softirq + steal + (nice if niced else 0)
+        seen.add(int(head[3:]))
+    return total / clk_tck if seen == cpus and cpus else None
+
+
+def _competing_now() -> float | None:
+    """:func:`competing_cpu_s` of this process now; None where it cannot be read or a cgroup quota caps
+    the cores below the affinity set (see the module docstring)."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+        q = _quota_cores()
+        if q is not None and q < len(cpus):
+            return None
+        stat = Path("/proc/stat").read_text()
+        return competing_cpu_s(stat, cpus, niced=os.getpriority(os.PRIO_PROCESS, 0) > 0,
+                               clk_tck=float(os.sysconf("SC_CLK_TCK")))  # fmt: skip
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 class ProcessCPU(Collector):
     """The gateway's own CPU, its engine servers' (``engines``: replica -> pid) and the host's cores,
     read at each scrape (a few ``/proc`` reads; nothing runs between scrapes)."""
@@ -83,7 +123,15 @@ class ProcessCPU(Collector):
             cpu.add_metric([N.ROLE_ENGINE, str(replica)], secs)
         cores = GaugeMetricFamily(N.METRIC_HOST_CPU_CORES, "cores this process may run on (affinity mask, cgroup quota)")
         cores.add_metric([], self.cores)
+        out: list[Metric] = [cpu, cores]
+        competing = _competing_now()
+        if competing is not None:
+            host = CounterMetricFamily(N.METRIC_HOST_CPU_COMPETING.removesuffix("_total"),
+                                       "CPU seconds taken on the cores this process may use at its priority or above "
+                                       "(every process's: user, system, irq, softirq, steal; nice only if niced)")  # fmt: skip
+            host.add_metric([], competing)
+            out.append(host)
         fails = CounterMetricFamily(N.METRIC_PROCESS_CPU_READ_FAILURES.removesuffix("_total"),
                                     "engine CPU reads that failed (process gone)")
         fails.add_metric([], float(self.failures))
-        return [cpu, cores, fails]
+        return [*out, fails]

@@ -8,7 +8,11 @@ next. Each fault is sized by the quantity that makes it:
 
 * long prompts (``workload.long_prompt_every``): the prompt step's time at two lengths, fitted as
   ``a n + b n^2``; the long prompt gets the tokens one step processes in LONG_PROMPT_OVER_SLO x the
-  TTFT threshold (:func:`tokens_for`);
+  TTFT threshold (:func:`tokens_for`). As for the slot probe (:mod:`probe_share`), the probe's server
+  CPU is read around each step: a probe whose server got under STARVED_SHARE of its core is repeated
+  (PROBE_ATTEMPTS at most, the least starved kept), and each step's time is taken at the server's full
+  core (:func:`full_core_steps`). A starved probe timed the steps slow and so sized the prompts short:
+  a run on a freed machine then processed them under the threshold and did not breach;
 * a decode fault (true stage ``decode``, an inter-token SLO): the gaps between streamed tokens with
   ``n`` streams decoding together (DECODE_PROBE_SHARES of the slots), the median gap fitted as
   ``a + b n``; the arrival rate keeps DECODE_LOAD_SHARE of the slots decoding (Little's law with that
@@ -28,16 +32,20 @@ are not sized.
 from __future__ import annotations
 
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stagescope import names as N
 from stagescope.errors import UserError
+from stagescope.service.llama_cpp.cpu import available_cores, process_cpu_s
 from stagescope.service.llama_cpp.probe import config as _config
 from stagescope.service.llama_cpp.probe import probe_servers as _probe_servers
 from stagescope.service.llama_cpp.probe import probe_text as _probe_text
+from stagescope.service.llama_cpp.probe import server_pid as _server_pid
 from stagescope.service.llama_cpp.probe import stream_gaps as _stream_gaps
 from stagescope.service.llama_cpp.probe import timings as _timings
+from stagescope.service.llama_cpp.probe_share import PROBE_ATTEMPTS, STARVED_SHARE, server_allowance
 from stagescope.service.llama_cpp.slot_probe import (
     MEASURED_PREFIX,
     SLOT_PROBE_ROUNDS,
@@ -61,6 +69,7 @@ __all__ = [
     "SLOT_RUN_ARRIVALS",
     "TTFT_SLO_OVER_SERVICE",
     "decode_load",
+    "full_core_steps",
     "sizing",
     "slot_load",
     "step_fit",
@@ -90,13 +99,50 @@ ITL_SLO_OVER_STEP = 2.0
 # -- long prompts ------------------------------------------------------------------------------------
 
 
-def _prompt_step_ms(sc: Scenario) -> list[tuple[int, float]]:
-    """``(prompt tokens, ms)`` of one prompt step of each PROBE_TOKENS length on one slot of a server
-    with scenario ``sc``'s settings."""
-    with _probe_servers(_config(sc, parallel=1, replicas=1)) as (url,):
+Step = tuple[int, float, float | None]  # (prompt tokens, ms, share of its core the server got; None: unread)
+
+
+def _prompt_step_ms(sc: Scenario) -> list[Step]:
+    """``(prompt tokens, ms, share)`` of one prompt step of each PROBE_TOKENS length on one slot of a server
+    with scenario ``sc``'s settings; ``share``: the server's CPU seconds over the request's wall time, over
+    the cores it may use (probe_share.server_allowance)."""
+    cfg = _config(sc, parallel=1, replicas=1)
+    allowed = server_allowance(cfg.threads, 1, available_cores())
+    out: list[Step] = []
+    with _probe_servers(cfg) as (url,):
         _timings(url, _probe_text(64, 0), 1)
-        got = [_timings(url, _probe_text(size, i + 1), 1) for i, size in enumerate(PROBE_TOKENS)]
-    return [(int(t["prompt_n"]), float(t["prompt_ms"])) for t in got]
+        pid = _server_pid(url)
+        for i, size in enumerate(PROBE_TOKENS):
+            cpu0, t0 = (process_cpu_s(pid) if pid else None), time.perf_counter()
+            t = _timings(url, _probe_text(size, i + 1), 1)
+            wall, cpu1 = time.perf_counter() - t0, (process_cpu_s(pid) if pid else None)
+            share = None if cpu0 is None or cpu1 is None or wall <= 0 else (cpu1 - cpu0) / wall / allowed
+            out.append((int(t["prompt_n"]), float(t["prompt_ms"]), share))
+    return out
+
+
+def full_core_steps(steps: list[Step]) -> list[tuple[int, float]]:
+    """``(tokens, ms)`` of each probe step at its server's full core: its time x the share it got (a
+    CPU-bound step's time scales with the cores), never longer than measured; as measured where the
+    share is unknown."""
+    return [(n, ms * min(1.0, share) if share is not None and share > 0 else ms) for n, ms, share in steps]
+
+
+def _lowest_share(steps: list[Step]) -> float | None:
+    known = [sh for *_, sh in steps if sh is not None]
+    return min(known) if known else None
+
+
+def _prompt_probe(sc: Scenario) -> tuple[list[Step], int]:
+    """The kept prompt probe and how many ran: repeated while its server ran starved (under
+    STARVED_SHARE of its core), PROBE_ATTEMPTS at most; the first not starved, else the least starved."""
+    attempts: list[list[Step]] = []
+    for _ in range(PROBE_ATTEMPTS):
+        attempts.append(_prompt_step_ms(sc))
+        low = _lowest_share(attempts[-1])
+        if low is None or low >= STARVED_SHARE:
+            return attempts[-1], len(attempts)
+    return max(attempts, key=lambda a: _lowest_share(a) or 0.0), len(attempts)
 
 
 def tokens_for(ms: float, probes: list[tuple[int, float]]) -> int:
@@ -113,15 +159,22 @@ def tokens_for(ms: float, probes: list[tuple[int, float]]) -> int:
 def _size_long_prompts(sc: Scenario) -> tuple[dict[str, Any], str]:
     w = sc.workload
     cfg = _config(sc)
-    probes = _prompt_step_ms(sc)
+    steps, ran = _prompt_probe(sc)
+    probes = full_core_steps(steps)
     target = LONG_PROMPT_OVER_SLO * sc.slo.threshold_ms
     room = min(cfg.batch_size, cfg.ctx_per_slot) - w.max_tokens - 64  # one step; the slot's context
     tokens = max(256, min(room, tokens_for(target, probes)))
-    seen = ", ".join(f"{n} tokens in {ms:.0f} ms" for n, ms in probes)
+    seen = ", ".join(f"{n} tokens in {ms:.0f} ms" + (f" on {sh:.0%} of its core" if sh is not None else "")
+                     for n, ms, sh in steps)  # fmt: skip
+    low = _lowest_share(steps)
+    starved = (f"; the {ran - 1} probe(s) before ran starved (under {STARVED_SHARE:.0%} of its core) and were "
+               "repeated" if ran > 1 and low is not None and low >= STARVED_SHARE else
+               f"; all {ran} probe(s) ran starved, the least starved counts" if low is not None
+               and low < STARVED_SHARE else "")  # fmt: skip
     return {"workload.long_prompt_tokens": tokens}, (
         f"long prompts sized to this machine now: {tokens} tokens each, what llama.cpp processes in one step "
         f"of about {target:.0f} ms ({LONG_PROMPT_OVER_SLO:g} x the SLO threshold) at the speed just measured "
-        f"({seen}); the same length in the lever check"
+        f"({seen}), taken at the server's full core{starved}; the same length in the lever check"
     )
 
 
