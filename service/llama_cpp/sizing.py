@@ -45,7 +45,14 @@ from stagescope.service.llama_cpp.probe import probe_text as _probe_text
 from stagescope.service.llama_cpp.probe import server_pid as _server_pid
 from stagescope.service.llama_cpp.probe import stream_gaps as _stream_gaps
 from stagescope.service.llama_cpp.probe import timings as _timings
-from stagescope.service.llama_cpp.probe_share import PROBE_ATTEMPTS, STARVED_SHARE, server_allowance
+from stagescope.service.llama_cpp.probe_share import (
+    PROBE_ATTEMPTS,
+    STARVED_SHARE,
+    ProbeShare,
+    best_attempt,
+    full_core_service,
+    server_allowance,
+)
 from stagescope.service.llama_cpp.slot_probe import (
     MEASURED_PREFIX,
     SLOT_PROBE_ROUNDS,
@@ -125,7 +132,7 @@ def full_core_steps(steps: list[Step]) -> list[tuple[int, float]]:
     """``(tokens, ms)`` of each probe step at its server's full core: its time x the share it got (a
     CPU-bound step's time scales with the cores), never longer than measured; as measured where the
     share is unknown."""
-    return [(n, ms * min(1.0, share) if share is not None and share > 0 else ms) for n, ms, share in steps]
+    return [(n, full_core_service(ms, share)) for n, ms, share in steps]
 
 
 def _lowest_share(steps: list[Step]) -> float | None:
@@ -137,12 +144,13 @@ def _prompt_probe(sc: Scenario) -> tuple[list[Step], int]:
     """The kept prompt probe and how many ran: repeated while its server ran starved (under
     STARVED_SHARE of its core), PROBE_ATTEMPTS at most; the first not starved, else the least starved."""
     attempts: list[list[Step]] = []
+    shares: list[ProbeShare] = []
     for _ in range(PROBE_ATTEMPTS):
         attempts.append(_prompt_step_ms(sc))
-        low = _lowest_share(attempts[-1])
-        if low is None or low >= STARVED_SHARE:
-            return attempts[-1], len(attempts)
-    return max(attempts, key=lambda a: _lowest_share(a) or 0.0), len(attempts)
+        shares.append(ProbeShare(_lowest_share(attempts[-1]), None, 1.0, 1.0))
+        if not shares[-1].starved:
+            break
+    return attempts[best_attempt(shares)], len(attempts)
 
 
 def tokens_for(ms: float, probes: list[tuple[int, float]]) -> int:
