@@ -86,7 +86,10 @@ __all__ = [
 #: capacity, further up the knee. S is now taken at the server's full core, and a starved probe
 #: repeated, so a run's baseline is not faster than S; 1.15 keeps the breach (the queue grows by 13 % of
 #: the run, 80 arrivals: about 4 S against a threshold of 2 S) with the lever's servers further below
-#: their capacity (about 1.6x today's on two shared cores).
+#: their capacity (about 1.6x today's on two shared cores). A moderate load was tried and measured
+#: (0.35 / 0.6 / 0.75 with a threshold of 0.3 S, docs/llama_cpp_slots_operating_point.md): the trace's
+#: bursts (120 arrivals, inter-arrival cv^2 2.0) still queued 7-29 % of the lever run's requests, so its
+#: p95 moved 1.8-6.2x as much as the slot times (2.7-5.5x at 1.15), and errors were +29 / -18 / -42 %.
 SLOTS_OVERLOAD = 1.15
 #: The slot fault's TTFT threshold over one request's service time (every slot busy).
 TTFT_SLO_OVER_SERVICE = 2.0
