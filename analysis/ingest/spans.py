@@ -25,12 +25,15 @@ __all__ = [
     "ATTR_COLUMNS",
     "INVALID_COLUMNS",
     "KIND_CLIENT",
+    "KIND_INTERNAL",
     "KIND_SERVER",
+    "KIND_UNSPECIFIED",
     "SPAN_COLUMNS",
     "SPAN_TABLE_DDL",
     "STRING_ONLY",
 ]
 
+KIND_UNSPECIFIED: Final = 0
 KIND_INTERNAL: Final = 1
 KIND_SERVER: Final = 2
 KIND_CLIENT: Final = 3
