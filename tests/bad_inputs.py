@@ -177,6 +177,8 @@ _ONE_LINE_SLOS: list[tuple[str, str, str]] = [
     ("zero-threshold", "p99<0ms", r"threshold_ms must be a finite number > 0"),
     ("p100", "p100<300ms", r"percentile must be between 0 and 100"),
     ("p0", "p0<300ms", r"percentile must be between 0 and 100"),
+    # the load generator's summary names the 99.9th 'p999': the error says how to write it
+    ("p999", "p999<300ms", r"percentile must be between 0 and 100 \(the 99\.9th percentile is p99\.9\)"),
     ("no-unit", "p99<300", r"bad SLO 'p99<300'"),
     ("microseconds", "p99<300us", r"bad SLO 'p99<300us'"),
     ("unknown-sli", "tpot:p99<30ms", r"unknown SLI 'tpot'"),
