@@ -186,6 +186,33 @@ def test_a_programs_root_span_is_the_client_side_at_any_depth(tmp_path: Path) ->
     ds.close()
 
 
+def test_an_llm_engine_called_by_a_program_is_its_own_request(tmp_path: Path) -> None:
+    """An agent's run (INTERNAL root, 900 ms) calls vLLM 300 ms in (CLIENT, 500 ms); vLLM's
+    ``llm_request`` SERVER span (498 ms, TTFT 100 ms) is the request. Before, the agent's run was the
+    request and vLLM its sample: e2e 900 ms, TTFT 401 ms (the agent's own 300 ms before the call
+    counted as time to first token) and a 402 ms 'gateway' stage."""
+    t = _tid(9)
+    attrs = {names.VLLM_ATTR_QUEUE: 0.05, names.VLLM_ATTR_TTFT: 0.1, names.VLLM_ATTR_E2E: 0.498,
+             names.VLLM_ATTR_PREFILL: 0.05, names.VLLM_ATTR_DECODE: 0.39, names.VLLM_ATTR_PROMPT_TOKENS: 100,
+             names.VLLM_ATTR_COMPLETION_TOKENS: 40}  # fmt: skip
+    spans = [
+        SynthSpan(t, "a" * 16, "agent-run", start_ns=T0, end_ns=T0 + 900_000_000, kind=KIND_INTERNAL, service="agent"),
+        SynthSpan(t, "b" * 16, "POST", parent_span_id="a" * 16, start_ns=T0 + 300_000_000, end_ns=T0 + 800_000_000,
+                  kind=KIND_CLIENT, service="agent"),
+        SynthSpan(t, "c" * 16, "llm_request", parent_span_id="b" * 16, start_ns=T0 + 301_000_000,
+                  end_ns=T0 + 799_000_000, kind=KIND_SERVER, service="vllm", attributes=attrs),
+    ]  # fmt: skip
+    f = tmp_path / "agent.jsonl"
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT route, source, duration_ms, ttft_ms, client_duration_ms FROM requests") == [
+        ("llm_request", "vllm", pytest.approx(498.0), pytest.approx(100.0), pytest.approx(500.0))]  # fmt: skip
+    stages = dict(_rows(ds, "SELECT stage, duration_ms FROM stages"))
+    assert "gateway" not in stages and stages["network"] == pytest.approx(2.0)
+    assert stages["prefill"] == pytest.approx(50.0) and stages["decode"] == pytest.approx(390.0)
+    ds.close()
+
+
 def test_ingest_to_parquet_round_trip(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     _write_requests(f, 12, client=True)
