@@ -277,10 +277,9 @@ class _Recorder:
                 self.seen.append((line, hdrs, body))
                 ok = line.startswith("GET ")
                 payload = b'{"ok": true}' if ok else b'{"detail": "Method Not Allowed"}'
-                writer.write(
-                    (f"HTTP/1.1 {'200 OK' if ok else '405 Method Not Allowed'}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload  # fmt: skip
-                )
+                status = "200 OK" if ok else "405 Method Not Allowed"
+                head_out = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                writer.write(head_out.encode() + payload)
                 await writer.drain()
             writer.close()
 
