@@ -158,7 +158,8 @@ def test_a_programs_root_span_is_the_client_side_at_any_depth(tmp_path: Path) ->
     """The same shape built deeper and wider: a job's INTERNAL root, an INTERNAL step under it, two
     CLIENT calls from the step to two servers (one with a downstream call of its own). Each server
     span is a request with its own caller's duration; the job's root and the downstream server span
-    are not requests; a job root that calls nothing stays a request (a trace of one program)."""
+    are not requests; a job root that calls nothing stays a request (a trace of one program); a queue
+    worker's CONSUMER root calling a server is the client side too (before: no request at all)."""
     t = _tid(7)
     job = [
         SynthSpan(t, "a" * 16, "nightly-job", start_ns=T0, end_ns=T0 + 900_000_000, kind=KIND_INTERNAL),
@@ -170,19 +171,26 @@ def test_a_programs_root_span_is_the_client_side_at_any_depth(tmp_path: Path) ->
         SynthSpan(t, "1" * 16, "POST", parent_span_id="b" * 16, start_ns=T0 + 400_000_000, end_ns=T0 + 500_000_000, kind=KIND_CLIENT),
         SynthSpan(t, "2" * 16, "POST /v1/embed", parent_span_id="1" * 16, start_ns=T0 + 402_000_000, end_ns=T0 + 496_000_000, kind=KIND_SERVER),
         SynthSpan(_tid(8), "3" * 16, "lonely-job", start_ns=T0, end_ns=T0 + 50_000_000, kind=KIND_INTERNAL),
+        # a queue worker's CONSUMER span (OTLP kind 5) calling a model server: the server span is the request
+        SynthSpan(_tid(10), "4" * 16, "process jobs", start_ns=T0, end_ns=T0 + 200_000_000, kind=5),
+        SynthSpan(_tid(10), "5" * 16, "POST", parent_span_id="4" * 16, start_ns=T0 + 10_000_000,
+                  end_ns=T0 + 190_000_000, kind=KIND_CLIENT),
+        SynthSpan(_tid(10), "6" * 16, "POST /v1/classify", parent_span_id="5" * 16, start_ns=T0 + 12_000_000,
+                  end_ns=T0 + 186_000_000, kind=KIND_SERVER),
     ]
     f = tmp_path / "job.jsonl"
     write_otlp_lines(f, job)
     ds = load_dataset(traces=[f])
     got = _rows(ds, "SELECT route, duration_ms, client_duration_ms FROM requests ORDER BY route")
     assert got == [
+        ("POST /v1/classify", pytest.approx(174.0), pytest.approx(180.0)),
         ("POST /v1/embed", pytest.approx(94.0), pytest.approx(100.0)),
         ("POST /v1/score", pytest.approx(290.0), pytest.approx(300.0)),
         ("lonely-job", pytest.approx(50.0), None),
     ]
     # each request's network time from its own caller: 300 - 290 and 100 - 94 ms
     assert sorted(d for (d,) in _rows(ds, "SELECT duration_ms FROM stages WHERE stage = 'network'")) == [
-        pytest.approx(6.0), pytest.approx(10.0)]  # fmt: skip
+        pytest.approx(6.0), pytest.approx(6.0), pytest.approx(10.0)]  # fmt: skip
     ds.close()
 
 

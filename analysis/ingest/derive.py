@@ -61,7 +61,14 @@ from __future__ import annotations
 from stagescope import names
 from stagescope.analysis.ingest.engines import engine_hosts_sql, engine_spans_sql, engine_stage_rows_sql
 from stagescope.analysis.ingest.otlp import sql_str
-from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, KIND_UNSPECIFIED
+from stagescope.analysis.ingest.spans import (
+    KIND_CLIENT,
+    KIND_CONSUMER,
+    KIND_INTERNAL,
+    KIND_PRODUCER,
+    KIND_SERVER,
+    KIND_UNSPECIFIED,
+)
 from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
@@ -117,12 +124,13 @@ def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
     """Statements creating ``requests``, ``stages`` and ``token_gaps`` (``kind``: TABLE or VIEW)."""
     return [
         # the client side of a trace whose local root is a program's own span (a script, a job, another
-        # load tool: INTERNAL or UNSPECIFIED) that calls a server: the root and every span below it down
+        # load tool: INTERNAL or UNSPECIFIED; a queue worker's CONSUMER or PRODUCER span) that calls a server: the root and every span below it down
         # to the first SERVER span; its CLIENT spans with a SERVER child are that server's callers
         f"""CREATE OR REPLACE TEMP TABLE _outer_client AS
 WITH RECURSIVE cs(trace_id, span_id, root_id) AS (
   SELECT r.trace_id, r.span_id, r.span_id FROM {spans} r
-  WHERE r.parent_span_id = '' AND r.kind IN ({KIND_UNSPECIFIED}, {KIND_INTERNAL}) AND r.stage IS NULL
+  WHERE r.parent_span_id = '' AND r.kind IN ({KIND_UNSPECIFIED}, {KIND_INTERNAL}, {KIND_PRODUCER}, {KIND_CONSUMER})
+    AND r.stage IS NULL
   UNION
   SELECT s.trace_id, s.span_id, cs.root_id FROM {spans} s JOIN cs
     ON s.trace_id = cs.trace_id AND s.parent_span_id = cs.span_id
