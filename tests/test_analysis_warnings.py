@@ -122,6 +122,19 @@ def test_error_answers_are_named_as_what_they_measure(tmp_path: Path) -> None:
     assert not any("HTTP error" in x for x in ok["warnings"]), ok["warnings"]
 
 
+def test_bare_slow_requests_with_no_verdict_do_not_rest_on_others(capsys: pytest.CaptureFixture[str]) -> None:
+    """OpenTelemetry's own OTLP example: one 1 s server span, no stage span, no baseline. The warning
+    said '0% of the tail's excess is unattributed and the verdict rests on the others': there are no
+    others and no verdict. Now it says no stage explains that time."""
+    example = Path(__file__).resolve().parents[1] / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    assert main(["analyze", "--traces", str(example), "--slo", "p99<300ms", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verdict"] is None and rep["tail"]["baseline_samples"] == 0
+    (w,) = [w for w in rep["warnings"] if "no stage span" in w]
+    assert w.startswith("1 of 1 slow requests have no stage span")
+    assert "rests on the others" not in w and "no stage explains any of that time" in w
+
+
 def test_a_few_bare_slow_requests_say_the_verdict_rests_on_the_others() -> None:
     data = S.generate("slow-feature-store", 1000, seed=4)
     con = duckdb.connect()
