@@ -258,11 +258,12 @@ def _unstaged(
         return []
     which = "slow requests" if attr.complete else "slow requests broken down (a sample)"
     share = next((r["share"] for r in attr.rows if r["stage"] == UNATTRIBUTED), 0.0)
-    cost = (
-        "so the verdict is measure first (add stage spans)"
-        if verdict and verdict["stage"] == UNATTRIBUTED
-        else f"{share:.0%} of the tail's excess is unattributed and the verdict rests on the others"
-    )
+    if verdict and verdict["stage"] == UNATTRIBUTED:
+        cost = "so the verdict is measure first (add stage spans)"
+    elif verdict is None or bare == tail:  # no verdict (no baseline), or no other slow request to rest on
+        cost = "no stage explains any of that time, so no verdict can name one (add stage spans)"
+    else:
+        cost = f"{share:.0%} of the tail's excess is unattributed and the verdict rests on the others"
     return [
         f"{bare} of {tail} {which} have no stage span ({ATTR_STAGE}, or vLLM's gen_ai.latency.* attributes) "
         f"in their {view.slo.sli} interval: their time is unattributed; {cost}"

@@ -168,6 +168,39 @@ def request_filter(slo: SLO) -> str:
     return kept if scope == "true" else f"{kept} AND {scope}"
 
 
+def error_answer_warning(con: duckdb.DuckDBPyConnection, slo: SLO, flt: str) -> str | None:
+    """A warning when some of the SLO's requests were answered with an HTTP error (4xx other than
+    429, or 5xx): they stay latency samples, but their latency is that of the error answer, not of
+    serving the request (a load generator sending the wrong method or path gets fast 404s and 405s
+    that read as a met SLO). Shares are weighted by the sampling, as the quantile is."""
+    if not has_columns(con, "requests", "status_code"):
+        return None
+    w = sampling_weight_sql(con)
+    row = con.execute(
+        f"SELECT sum({w}) FILTER (WHERE status_code >= 400), sum({w}), count(*) FILTER (WHERE status_code >= 400) "
+        f"FROM requests WHERE {flt}"
+    ).fetchone()
+    if not row or not row[2] or not row[1]:
+        return None
+    share = float(row[0]) / float(row[1])
+    codes = con.execute(
+        f"SELECT status_code, count(*) AS n FROM requests WHERE {flt} AND status_code >= 400 "
+        "GROUP BY 1 ORDER BY n DESC, 1 LIMIT 3"
+    ).fetchall()
+    which = ", ".join(f"{c} x{n}" for c, n in codes)
+    where = "" if slo.route is None else f" on route {slo.route}"
+    if share >= 1.0 - 1e-9:
+        return (
+            f"every request{where} was answered with an HTTP error ({which}): the quantile is of error answers, "
+            "not of served requests, so it says nothing about the SLO (check what was sent: method, path, body)"
+        )
+    return (
+        f"{share:.1%} of the requests{where} were answered with an HTTP error ({which}) and are latency samples: "
+        "their latency is that of the error answer, not of serving the request, so the quantile can read "
+        "better (fast failures) or worse (timeouts) than served requests fared"
+    )
+
+
 def network_expr(slo: SLO) -> str:
     """Per request, client-observed minus server time (ms): the ``network`` stage, for ``e2e`` only."""
     return "greatest(client_duration_ms - duration_ms, 0)" if slo.sli == SLI_E2E else "NULL::DOUBLE"
@@ -244,6 +277,8 @@ def sli_view(
             f"(status {STATUS_CODE_CLIENT_CLOSED}) and are not latency samples: if clients gave up on a slow "
             "server, the quantile reads better than they fared"
         )
+    if (err := error_answer_warning(con, slo, flt)) is not None:
+        warnings.append(err)
     view = SLIView(slo, name, flt, value_expr, per_request, 0, shed, warnings, closed)
     view.count_rows(con)
     view.trace_samples = view.count

@@ -124,12 +124,15 @@ def _left(
     con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution, ev: dict[str, Any], pred: float | None
 ) -> dict[str, Any]:
     """The gap the plan leaves (ms over the threshold) and the stage holding most of the excess of
-    the requests still over the threshold (their mean time in it above its baseline median)."""
+    the requests still over the threshold (their mean time in it above its baseline median; with no
+    baseline request at all, every sample over the threshold, their mean time in it, and
+    ``baseline`` False says so)."""
     thr = view.slo.threshold_ms
     stage, excess = None, None
     quantiles = ev.get("stage_quantiles", {})
+    has_baseline = attr.baseline_n > 0
     for st, c in attr.columns.items():
-        base = float((quantiles.get(st) or {}).get("baseline_p50_ms") or 0.0)
+        base = float((quantiles.get(st) or {}).get("baseline_p50_ms") or 0.0) if has_baseline else 0.0
         row = con.execute(
             f"SELECT avg(coalesce({c}, 0)) - {base!r} FROM {BREAKDOWN} WHERE value_ms > {thr!r}"
         ).fetchone()
@@ -139,6 +142,7 @@ def _left(
         "gap_ms": None if pred is None else round(max(0.0, pred - thr), 3),
         "stage": stage,
         "stage_excess_ms": None if excess is None else round(excess, 3),
+        "baseline": has_baseline,
     }
 
 

@@ -44,8 +44,10 @@ def _outcome(report: dict[str, Any]) -> str:
     if left.get("gap_ms") is not None:
         txt += f": {left['gap_ms']:.1f} ms over the {thr:g} ms threshold remain"
     if left.get("stage"):
-        txt += (
-            f", most of it in {left['stage']} ({_ms(left.get('stage_excess_ms'))} above its baseline median)"
+        txt += f", most of it in {left['stage']} ({_ms(left.get('stage_excess_ms'))} " + (
+            "per request over the threshold; no request under it to compare with)"
+            if left.get("baseline") is False
+            else "above its baseline median)"
         )
     if left.get("reason"):
         txt += f" ({left['reason']})"

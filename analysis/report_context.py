@@ -34,11 +34,14 @@ def latency_words(report: dict[str, Any], sep: str = "  ") -> str:
 
 
 def quantile_interval_line(report: dict[str, Any]) -> str | None:
-    """The SLO quantile's interval in words, and whether it settles the verdict; None without one."""
+    """The SLO quantile's interval in words, and whether it settles the verdict; None without one.
+    A quantile whose interval is unbounded at both ends (a single sample) is still called
+    inconclusive: the fewer the samples, the more the verdict needs the word."""
     qi = report.get("quantile_interval")
     iv = interval_text(report.get("quantile_interval_ms"))
-    if not qi or not iv:
+    if not qi or not (iv or qi.get("conclusive") is False):
         return None
+    iv = iv or "unbounded"
     conf = float(report.get("confidence") or 0.95)
     samples = qi.get("samples")
     n = "" if samples is None else f", {float(samples):,.0f} effective samples"

@@ -179,6 +179,18 @@ def _from_client_results(con: duckdb.DuckDBPyConnection, view: SLIView, complete
                 f"the load-generator results hold {matched} of the {traced} traced requests of SLO "
                 f"{view.slo.spec}: too few to give its quantiles (they come from the traces)"
             )
+        elif traced:  # none: results of another run, where they were sent to these requests' routes
+            (other,) = _one(
+                con,
+                "SELECT count(*) FROM client_results WHERE route IN "
+                f"(SELECT DISTINCT route FROM requests WHERE {view.request_filter})",
+            )
+            if other:
+                view.warnings.append(
+                    f"the load-generator results hold {other} requests to this route but none of its {traced} "
+                    f"traced requests of SLO {view.slo.spec} (another run's results?): not used, the "
+                    "quantiles come from the traces"
+                )
         return False
     # unmatched requests count where they were sent to the paths the matched ones were: the SLO's
     # scope may hold one route without naming it (analysis.routes), and results of another run's route

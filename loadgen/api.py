@@ -22,7 +22,14 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from stagescope.errors import UserError
-from stagescope.loadgen.bodies import GENERATE_ROUTE, PREDICT_ROUTE, BodyFactory
+from stagescope.loadgen.bodies import (
+    BODYLESS_METHODS,
+    GENERATE_ROUTE,
+    METHODS,
+    PREDICT_ROUTE,
+    BodyFactory,
+    NoBody,
+)
 from stagescope.loadgen.openai_api import APIS, default_template, discover_model, endpoint_path, infer_api
 from stagescope.loadgen.results import (
     RequestResult,
@@ -194,6 +201,7 @@ async def run_load(
     model: str | None = None,
     prompt_tokens: int = 128,
     output_tokens: int = 32,
+    method: str = "POST",
 ) -> LoadRun:
     """Drive ``url`` open-loop with ``schedule``; write ``out`` (Parquet) and CLIENT spans; summarize.
 
@@ -208,9 +216,15 @@ async def run_load(
     called about every 0.25 s from the event loop. Setting ``stop`` ends sending early; what was
     recorded is still written. ``check_connect``: fail fast with :class:`UserError` if the server
     refuses connections before anything is sent. ``realtime``: run the sender and event-loop threads
-    under SCHED_FIFO (see :mod:`stagescope.loadgen.runner`; needs root or CAP_SYS_NICE).
+    under SCHED_FIFO (see :mod:`stagescope.loadgen.runner`; needs root or CAP_SYS_NICE). ``method``:
+    the HTTP method (:data:`METHODS`); GET, HEAD and DELETE send no body unless ``body`` gives one.
     """
+    method = method.upper() if isinstance(method, str) else method
+    if method not in METHODS:
+        raise UserError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     target = resolve_target(url, route, api, schedule)
+    if target.api is not None and method != "POST":
+        raise UserError(f"--api {target.api} sends POST requests (the OpenAI API's), not {method}")
     template = body if isinstance(body, BodyTemplate) or body is None else BodyTemplate.from_file(body)
     if not 0.0 <= repeat_share <= 1.0:
         raise UserError(f"--repeat-share must be within [0, 1], got {repeat_share}")
@@ -261,11 +275,14 @@ async def run_load(
         default_prompt_tokens=prompt_tokens,
         default_output_tokens=output_tokens,
     )
+    bodyless = method in BODYLESS_METHODS and template is None
     engine = Engine(
         target.origin,
         target.route,
         schedule,
-        bodies,
+        NoBody(bodies) if bodyless else bodies,
+        method=method,
+        content_type=not bodyless,
         path=target.path,
         stream=OpenAIStream if target.api is not None else None,
         concurrency_cap=concurrency_cap,
@@ -302,7 +319,7 @@ async def run_load(
     )
     n_spans = 0
     if span_writer is not None or _spans_enabled(spans_dir):
-        writer = span_writer or ClientSpanWriter(target.origin, spans_dir=spans_dir)
+        writer = span_writer or ClientSpanWriter(target.origin, spans_dir=spans_dir, method=method)
         try:
             n_spans = writer.write(results)
         finally:

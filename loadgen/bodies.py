@@ -26,12 +26,16 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from stagescope.loadgen.limits import BODYLESS_METHODS, METHODS
 from stagescope.loadgen.template import BodyTemplate
 
 __all__ = [
+    "BODYLESS_METHODS",
     "GENERATE_ROUTE",
+    "METHODS",
     "PREDICT_ROUTE",
     "BodyFactory",
+    "NoBody",
     "PreparedBody",
     "input_hash",
     "synthetic_prompt",
@@ -207,3 +211,17 @@ class BodyFactory:
             if len(self._pool) < self._pool_size:
                 self._pool.append((inputs, digest))
         return PreparedBody(b'{"inputs":' + inputs + b"}", digest, None, None, False)
+
+
+class NoBody:
+    """The bodies of ``factory`` without their content, for a GET, HEAD or DELETE with no template:
+    an empty body (its ``input_hash`` is the empty body's, as a service hashing ``await req.body()``
+    computes it), the token counts and stream flag kept."""
+
+    def __init__(self, factory: BodyFactory) -> None:
+        self.factory = factory
+        self._hash = input_hash(b"")
+
+    def __call__(self, i: int) -> PreparedBody:
+        b = self.factory(i)
+        return PreparedBody(b"", self._hash, b.prompt_tokens, b.output_tokens, b.stream)

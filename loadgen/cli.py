@@ -17,7 +17,7 @@ import argparse
 from typing import Any
 
 from stagescope import validate as V
-from stagescope.loadgen.limits import MAX_DURATION_S, MAX_RATE_RPS, MAX_TOKENS
+from stagescope.loadgen.limits import MAX_DURATION_S, MAX_RATE_RPS, MAX_TOKENS, METHODS
 
 __all__ = ["register", "run"]
 
@@ -49,6 +49,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--model", default=None, type=_model_name,
         help="model name the API asks for (default with --api: the first of GET /v1/models; fills {{model}})",
+    )  # fmt: skip
+    p.add_argument(
+        "--method", default="POST", type=str.upper, choices=METHODS,
+        help="HTTP method (default POST); GET, HEAD and DELETE send no body unless --body gives one",
     )  # fmt: skip
     p.add_argument(
         "--body", default=None, metavar="FILE",
@@ -191,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                     headers=headers,
                     prompt_tokens=args.prompt_tokens,
                     output_tokens=args.output_tokens,
+                    method=args.method,
                 )
         finally:
             loop.remove_signal_handler(signal.SIGINT)

@@ -6,10 +6,15 @@ send; 10^6 s is 11.6 days. No imports: the command's options use these at regist
 extra (numpy, pyarrow) is needed.
 """
 
-__all__ = ["MAX_DURATION_S", "MAX_RATE_RPS", "MAX_REQUESTS", "MAX_TOKENS"]
+__all__ = ["BODYLESS_METHODS", "MAX_DURATION_S", "MAX_RATE_RPS", "MAX_REQUESTS", "MAX_TOKENS", "METHODS"]
 
 MAX_REQUESTS = 10_000_000
 MAX_RATE_RPS = 1e6
 MAX_DURATION_S = 1e6
 #: Largest prompt or output length of one request (the longest context windows are about 10^7 tokens).
 MAX_TOKENS = 10_000_000
+#: The HTTP methods ``stagescope load --method`` sends.
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+#: Methods whose requests carry no body unless a ``--body`` template gives one (RFC 9110: a GET,
+#: HEAD or DELETE body has no defined meaning).
+BODYLESS_METHODS = ("GET", "HEAD", "DELETE")

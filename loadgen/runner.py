@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stagescope.gcheap import frozen_heap
-from stagescope.loadgen.bodies import BodyFactory
+from stagescope.loadgen.bodies import BodyFactory, NoBody
 from stagescope.loadgen.http import ConnectionPool, Exchange, StreamFactory, origin_and_path, wall_ns
 from stagescope.loadgen.results import RequestResult
 from stagescope.loadgen.schedule import Schedule
@@ -75,7 +75,7 @@ class Engine(SenderThread):
         url: str,
         route: str,
         schedule: Schedule,
-        bodies: BodyFactory,
+        bodies: BodyFactory | NoBody,
         *,
         concurrency_cap: int | None = None,
         timeout_s: float = 60.0,
@@ -90,6 +90,7 @@ class Engine(SenderThread):
         realtime: bool = False,
         path: str | None = None,
         stream: StreamFactory | None = None,
+        content_type: bool = True,
     ) -> None:
         if concurrency_cap is not None and concurrency_cap < 1:
             raise ValueError(f"concurrency_cap must be >= 1, got {concurrency_cap}")
@@ -109,7 +110,8 @@ class Engine(SenderThread):
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self.on_result = on_result
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        # no Content-Type on requests without a body (content_type False: a GET with none)
+        self.headers = {**({"Content-Type": "application/json"} if content_type else {}), **(headers or {})}
         self.realtime = realtime
         self.realtime_active = False  # both threads got SCHED_FIFO
         self._sender_rt = False

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stagescope.loadgen.bodies import BodyFactory
+from stagescope.loadgen.bodies import BodyFactory, NoBody
 from stagescope.loadgen.http import build_request, wall_ns
 from stagescope.loadgen.results import RequestResult
 from stagescope.loadgen.schedule import Schedule
@@ -71,7 +71,7 @@ class SenderThread:
     """The sender thread's half of :class:`~stagescope.loadgen.runner.Engine` (a base class of it)."""
 
     # set by Engine.__init__ and Engine.run
-    bodies: BodyFactory
+    bodies: BodyFactory | NoBody
     headers: dict[str, str]
     host_header: str
     method: str

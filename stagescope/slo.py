@@ -176,7 +176,14 @@ def parse_slo(spec: str) -> list[SLO]:
         raise UserError(f"bad SLO {spec!r}: unknown SLI {sli!r}; expected one of {', '.join(SLIS)}")
     pct = float(m["pct"])
     if not 0 < pct < 100:
-        raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100")
+        # 'p999' is how load tools (stagescope load's summary too) name the 99.9th: say how to write it
+        digits = m["pct"]
+        hint = (
+            f" (the {digits[:2]}.{digits[2:]}th percentile is p{digits[:2]}.{digits[2:]})"
+            if "." not in digits and len(digits) > 2 and digits.startswith("99") and digits.strip("9") == ""
+            else ""
+        )
+        raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100{hint}")
     threshold_ms = float(m["num"]) * (1000.0 if m["unit"] == "s" else 1.0)
     if not math.isfinite(threshold_ms):
         shown = spec if len(spec) <= 40 else spec[:37] + "..."

@@ -11,7 +11,14 @@ import pytest
 
 from stagescope import names
 from stagescope.analysis.ingest import ingest_to_parquet, load_dataset
-from stagescope.analysis.synth import KIND_SERVER, SynthSpan, request_spans, write_otlp_lines
+from stagescope.analysis.synth import (
+    KIND_CLIENT,
+    KIND_INTERNAL,
+    KIND_SERVER,
+    SynthSpan,
+    request_spans,
+    write_otlp_lines,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_764_000_000_000_000_000
@@ -126,8 +133,91 @@ def test_every_external_otlp_file_loads() -> None:
     assert all(f.spans > 0 for name, f in by_name.items() if "trace" in name or "jaeger" in name)
     assert not any(f.has_stage_info for f in ds.files)
     assert not any("without stage information" in w for w in ds.warnings)
-    assert _rows(ds, "SELECT count(*) FROM stages") == [(0,)]
+    # no stage spans anywhere; the one stage row is the ride-sharing trace's network time (its load
+    # generator's CLIENT span minus the server's span, see the test below)
+    assert _rows(ds, "SELECT stage, trace_id FROM stages") == [("network", "84b3fad94c6112edd6af3347d06f6f1d")]
     assert _rows(ds, "SELECT count(*) FROM requests") != [(0,)]
+    ds.close()
+
+
+def test_a_programs_root_span_that_calls_a_server_is_not_the_request() -> None:
+    """Jaeger UI's captured ride-sharing trace: the load generator's own root span ``OrderVehicle``
+    (no kind, service load-generator, 1,181.6 ms) calls ``HTTP GET`` (CLIENT, 968.3 ms), whose server
+    span ``BikeHandler`` (SERVER, service ride-sharing-app, 967.1 ms) is the request. The SLI is the
+    server's: the request is BikeHandler with the client's span as its caller (network 1.27 ms), not
+    the caller's whole program run (before: route OrderVehicle, 1,181.6 ms, 22 % too long, the
+    server's name nowhere)."""
+    ds = load_dataset(traces=[REPO / "external" / "otlp" / "jaeger-ui" / "flamegraph_testTrace_ride-sharing.json"])
+    assert _rows(ds, "SELECT route, service, duration_ms, client_duration_ms FROM requests") == [
+        ("BikeHandler", "ride-sharing-app", pytest.approx(967.066), pytest.approx(968.334))]  # fmt: skip
+    assert _rows(ds, "SELECT stage, duration_ms FROM stages") == [("network", pytest.approx(1.268))]
+    ds.close()
+
+
+def test_a_programs_root_span_is_the_client_side_at_any_depth(tmp_path: Path) -> None:
+    """The same shape built deeper and wider: a job's INTERNAL root, an INTERNAL step under it, two
+    CLIENT calls from the step to two servers (one with a downstream call of its own). Each server
+    span is a request with its own caller's duration; the job's root and the downstream server span
+    are not requests; a job root that calls nothing stays a request (a trace of one program); a queue
+    worker's CONSUMER root calling a server is the client side too (before: no request at all)."""
+    t = _tid(7)
+    job = [
+        SynthSpan(t, "a" * 16, "nightly-job", start_ns=T0, end_ns=T0 + 900_000_000, kind=KIND_INTERNAL),
+        SynthSpan(t, "b" * 16, "step", parent_span_id="a" * 16, start_ns=T0 + 10_000_000, end_ns=T0 + 800_000_000, kind=KIND_INTERNAL),
+        SynthSpan(t, "c" * 16, "POST", parent_span_id="b" * 16, start_ns=T0 + 20_000_000, end_ns=T0 + 320_000_000, kind=KIND_CLIENT),
+        SynthSpan(t, "d" * 16, "POST /v1/score", parent_span_id="c" * 16, start_ns=T0 + 25_000_000, end_ns=T0 + 315_000_000, kind=KIND_SERVER),
+        SynthSpan(t, "e" * 16, "GET", parent_span_id="d" * 16, start_ns=T0 + 30_000_000, end_ns=T0 + 100_000_000, kind=KIND_CLIENT),
+        SynthSpan(t, "f" * 16, "GET /features", parent_span_id="e" * 16, start_ns=T0 + 31_000_000, end_ns=T0 + 99_000_000, kind=KIND_SERVER),
+        SynthSpan(t, "1" * 16, "POST", parent_span_id="b" * 16, start_ns=T0 + 400_000_000, end_ns=T0 + 500_000_000, kind=KIND_CLIENT),
+        SynthSpan(t, "2" * 16, "POST /v1/embed", parent_span_id="1" * 16, start_ns=T0 + 402_000_000, end_ns=T0 + 496_000_000, kind=KIND_SERVER),
+        SynthSpan(_tid(8), "3" * 16, "lonely-job", start_ns=T0, end_ns=T0 + 50_000_000, kind=KIND_INTERNAL),
+        # a queue worker's CONSUMER span (OTLP kind 5) calling a model server: the server span is the request
+        SynthSpan(_tid(10), "4" * 16, "process jobs", start_ns=T0, end_ns=T0 + 200_000_000, kind=5),
+        SynthSpan(_tid(10), "5" * 16, "POST", parent_span_id="4" * 16, start_ns=T0 + 10_000_000,
+                  end_ns=T0 + 190_000_000, kind=KIND_CLIENT),
+        SynthSpan(_tid(10), "6" * 16, "POST /v1/classify", parent_span_id="5" * 16, start_ns=T0 + 12_000_000,
+                  end_ns=T0 + 186_000_000, kind=KIND_SERVER),
+    ]
+    f = tmp_path / "job.jsonl"
+    write_otlp_lines(f, job)
+    ds = load_dataset(traces=[f])
+    got = _rows(ds, "SELECT route, duration_ms, client_duration_ms FROM requests ORDER BY route")
+    assert got == [
+        ("POST /v1/classify", pytest.approx(174.0), pytest.approx(180.0)),
+        ("POST /v1/embed", pytest.approx(94.0), pytest.approx(100.0)),
+        ("POST /v1/score", pytest.approx(290.0), pytest.approx(300.0)),
+        ("lonely-job", pytest.approx(50.0), None),
+    ]
+    # each request's network time from its own caller: 300 - 290 and 100 - 94 ms
+    assert sorted(d for (d,) in _rows(ds, "SELECT duration_ms FROM stages WHERE stage = 'network'")) == [
+        pytest.approx(6.0), pytest.approx(6.0), pytest.approx(10.0)]  # fmt: skip
+    ds.close()
+
+
+def test_an_llm_engine_called_by_a_program_is_its_own_request(tmp_path: Path) -> None:
+    """An agent's run (INTERNAL root, 900 ms) calls vLLM 300 ms in (CLIENT, 500 ms); vLLM's
+    ``llm_request`` SERVER span (498 ms, TTFT 100 ms) is the request. Before, the agent's run was the
+    request and vLLM its sample: e2e 900 ms, TTFT 401 ms (the agent's own 300 ms before the call
+    counted as time to first token) and a 402 ms 'gateway' stage."""
+    t = _tid(9)
+    attrs = {names.VLLM_ATTR_QUEUE: 0.05, names.VLLM_ATTR_TTFT: 0.1, names.VLLM_ATTR_E2E: 0.498,
+             names.VLLM_ATTR_PREFILL: 0.05, names.VLLM_ATTR_DECODE: 0.39, names.VLLM_ATTR_PROMPT_TOKENS: 100,
+             names.VLLM_ATTR_COMPLETION_TOKENS: 40}  # fmt: skip
+    spans = [
+        SynthSpan(t, "a" * 16, "agent-run", start_ns=T0, end_ns=T0 + 900_000_000, kind=KIND_INTERNAL, service="agent"),
+        SynthSpan(t, "b" * 16, "POST", parent_span_id="a" * 16, start_ns=T0 + 300_000_000, end_ns=T0 + 800_000_000,
+                  kind=KIND_CLIENT, service="agent"),
+        SynthSpan(t, "c" * 16, "llm_request", parent_span_id="b" * 16, start_ns=T0 + 301_000_000,
+                  end_ns=T0 + 799_000_000, kind=KIND_SERVER, service="vllm", attributes=attrs),
+    ]  # fmt: skip
+    f = tmp_path / "agent.jsonl"
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT route, source, duration_ms, ttft_ms, client_duration_ms FROM requests") == [
+        ("llm_request", "vllm", pytest.approx(498.0), pytest.approx(100.0), pytest.approx(500.0))]  # fmt: skip
+    stages = dict(_rows(ds, "SELECT stage, duration_ms FROM stages"))
+    assert "gateway" not in stages and stages["network"] == pytest.approx(2.0)
+    assert stages["prefill"] == pytest.approx(50.0) and stages["decode"] == pytest.approx(390.0)
     ds.close()
 
 

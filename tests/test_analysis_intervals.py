@@ -198,3 +198,23 @@ def test_sampled_traces_get_intervals_that_account_for_the_sampling() -> None:
     ta, tb = truth["latency_interval_ms"]["p50"]
     assert truth["quantile_interval"]["method"] == I.METHOD_ORDER
     assert (b - a) > 3 * (tb - ta), ((a, b), (ta, tb))
+
+
+def test_a_single_sample_verdict_is_called_inconclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    """One request (OpenTelemetry's own OTLP/JSON example: one 1 s server span): its p99 has no
+    bounded interval at either end, and the text and HTML still say the verdict is inconclusive
+    (before, the interval line was left out whole, so one sample read as a plain BREACHED)."""
+    from pathlib import Path
+
+    from stagescope.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    assert main(["analyze", "--traces", str(example), "--slo", "p99<300ms", "--format", "json"]) == 0
+    rep = __import__("json").loads(capsys.readouterr().out)
+    assert rep["samples"] == 1 and rep["breached"]
+    assert rep["quantile_interval_ms"] == [None, None]
+    assert rep["quantile_interval"]["conclusive"] is False
+    text = to_text(rep)
+    line = next(x for x in text.splitlines() if x.startswith("95% interval of the quantile"))
+    assert "unbounded" in line and "inconclusive: too few samples" in line, text
+    assert "inconclusive: too few samples" in to_html(rep)

@@ -105,6 +105,17 @@ def test_levers_run_out() -> None:
     none = analyze(con, "ttft:p95<200ms")
     assert none["plan"] == [] and none["plan_status"] == N.PLAN_NOT_MET
     assert none["plan_left"]["gap_ms"] == pytest.approx(none["quantile_ms"] - 200, abs=0.01)
+    # with no request under the threshold there is no baseline median: the stage's figure is its mean
+    # time in the slow requests, and the text does not call it "above its baseline median"
+    assert none["tail"]["baseline_samples"] == 0 and none["plan_left"]["baseline"] is False
+    assert left["baseline"] is True
+    (mean_prefill,) = con.execute(
+        f"SELECT avg(duration_ms) FROM stages WHERE stage = '{N.STAGE_PREFILL}'").fetchone()  # fmt: skip
+    assert none["plan_left"]["stage"] == N.STAGE_PREFILL
+    assert none["plan_left"]["stage_excess_ms"] == pytest.approx(mean_prefill, abs=0.01)
+    text = to_text(none)
+    assert "per request over the threshold; no request under it to compare with" in text
+    assert "baseline median" not in text
 
 
 @pytest.mark.parametrize("name", [*S.SCENARIOS, S.LLM_HEALTHY.name])

@@ -171,6 +171,13 @@ def test_load_generator_results_give_the_quantiles_server_side() -> None:
     other = analyze(con, data.scenario.slo)
     assert other["sources"]["latency_ms"] == names.SOURCE_TRACES
     assert any("load-generator results hold" in w for w in other["warnings"])
+    # results that hold none of them (another run's, to the same route): not used either, and said so
+    # (before, nothing was said, and the sampling note even advised passing the results)
+    con.execute("UPDATE client_results SET trace_id = md5(trace_id)")
+    none = analyze(con, data.scenario.slo)
+    assert none["sources"]["latency_ms"] == names.SOURCE_TRACES
+    (w,) = [w for w in none["warnings"] if "load-generator results hold" in w]
+    assert "but none of its" in w and "another run's results?" in w
 
 
 def test_histograms_give_the_quantiles_and_cover_unknown_sampling() -> None:

@@ -90,6 +90,51 @@ def test_slow_requests_without_stage_spans_say_what_they_cost(tmp_path: Path) ->
     assert met["status"] == "met" and not any("no stage span" in x for x in met["warnings"])
 
 
+def test_error_answers_are_named_as_what_they_measure(tmp_path: Path) -> None:
+    """A GET route driven with POSTs answers 405 in a millisecond: 'met -- p99 1.1 ms' with no word
+    (found on a service of my own); now a warning says the quantile is of error answers. A share of
+    fast 503s is named with its share; a clean run gets no such warning (no wolf)."""
+    f = tmp_path / "t.jsonl"
+    spans = []
+    for i in range(200):  # every answer 405, fast
+        spans += request_spans(f"{i + 1:032x}", T0 + i * 10**7, [("compute", 0.1, 0.5)], route="/v1/items/{id}",
+                               name="GET /v1/items/{id}", status=405)  # fmt: skip
+    for i in range(400):  # one in ten a fast 503, the rest served slowly
+        bad = i % 10 == 0
+        spans += request_spans(f"{1000 + i:032x}", T0 + i * 10**7, [("compute", 1.0, 2.0 if bad else 40.0)],
+                               route="/v1/score", name="POST /v1/score", status=503 if bad else 200)  # fmt: skip
+    for i in range(100):  # all served
+        spans += request_spans(f"{5000 + i:032x}", T0 + i * 10**7, [("compute", 1.0, 30.0)], route="/v1/ok",
+                               name="POST /v1/ok")  # fmt: skip
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    try:
+        items = analyze(ds, "p99<300ms", route="/v1/items/{id}")
+        score = analyze(ds, "p99<300ms", route="/v1/score")
+        ok = analyze(ds, "p99<300ms", route="/v1/ok")
+    finally:
+        ds.close()
+    (w,) = [w for w in items["warnings"] if "HTTP error" in w]
+    assert w.startswith("every request on route /v1/items/{id} was answered with an HTTP error (405 x200)")
+    assert "says nothing about the SLO" in w
+    (w,) = [w for w in score["warnings"] if "HTTP error" in w]
+    assert w.startswith("10.0% of the requests on route /v1/score were answered with an HTTP error (503 x40)")
+    assert not any("HTTP error" in x for x in ok["warnings"]), ok["warnings"]
+
+
+def test_bare_slow_requests_with_no_verdict_do_not_rest_on_others(capsys: pytest.CaptureFixture[str]) -> None:
+    """OpenTelemetry's own OTLP example: one 1 s server span, no stage span, no baseline. The warning
+    said '0% of the tail's excess is unattributed and the verdict rests on the others': there are no
+    others and no verdict. Now it says no stage explains that time."""
+    example = Path(__file__).resolve().parents[1] / "external" / "otlp" / "opentelemetry-proto" / "trace.json"
+    assert main(["analyze", "--traces", str(example), "--slo", "p99<300ms", "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["verdict"] is None and rep["tail"]["baseline_samples"] == 0
+    (w,) = [w for w in rep["warnings"] if "no stage span" in w]
+    assert w.startswith("1 of 1 slow requests have no stage span")
+    assert "rests on the others" not in w and "no stage explains any of that time" in w
+
+
 def test_a_few_bare_slow_requests_say_the_verdict_rests_on_the_others() -> None:
     data = S.generate("slow-feature-store", 1000, seed=4)
     con = duckdb.connect()

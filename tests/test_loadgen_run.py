@@ -246,3 +246,91 @@ def test_unwritable_out_fails_before_sending(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(UserError, match=r"file/r.parquet: cannot write results"):
         asyncio.run(run_load("http://127.0.0.1:9", synthetic_schedule(10.0, 1.0), out=blocker / "r.parquet"))
+
+
+class _Recorder:
+    """A raw HTTP/1.1 keep-alive server in a thread that records each request's line, headers and
+    body and answers 200 (GET) or 405 (anything else), as a GET-only route of a FastAPI app does."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.seen: list[tuple[str, dict[str, str], bytes]] = []
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                line, *rest = head.decode("latin-1").split("\r\n")
+                hdrs = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in rest if h)}
+                body = await reader.readexactly(int(hdrs.get("content-length", "0")))
+                self.seen.append((line, hdrs, body))
+                ok = line.startswith("GET ")
+                payload = b'{"ok": true}' if ok else b'{"detail": "Method Not Allowed"}'
+                status = "200 OK" if ok else "405 Method Not Allowed"
+                head_out = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                writer.write(head_out.encode() + payload)
+                await writer.drain()
+            writer.close()
+
+        async def start() -> None:
+            self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            self.port = self.server.sockets[0].getsockname()[1]
+            self._ready.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+def test_method_get_sends_no_body_and_names_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GET route (a lookup by id, as many services have): before --method every request was a POST
+    with the reference service's JSON body, so the route answered 405 to all of them. With --method
+    GET the request line is GET with the URL's path and query, no body and no Content-Type, the
+    CLIENT span says GET, and the route's answers are 200. --api with another method is refused."""
+    from stagescope.cli import main
+
+    srv = _Recorder()
+    try:
+        url = f"http://127.0.0.1:{srv.port}/v1/items/42?full=1"
+        out, spans_dir = tmp_path / "r.parquet", tmp_path / "spans"
+        rc = main(["load", "--url", url, "--method", "get", "--rate", "20", "--duration", "1", "--out", str(out),
+                   "--spans-dir", str(spans_dir), "--json", "--no-progress"])  # fmt: skip
+        assert rc == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["ok"] == summary["sent"] > 5 and summary["status_counts"] == {"200": summary["sent"]}
+        reqs = [s for s in srv.seen if not s[0].startswith("HEAD ")]
+        assert len(reqs) == summary["sent"]
+        for line, hdrs, body in reqs:
+            assert line == "GET /v1/items/42?full=1 HTTP/1.1"
+            assert body == b"" and hdrs["content-length"] == "0" and "content-type" not in hdrs
+        rows = pq.read_table(out).to_pylist()
+        assert {r["route"] for r in rows} == {"/v1/items/42"} and {r["status"] for r in rows} == {200}
+        assert {s["name"] for s in _spans(spans_dir)} == {"GET /v1/items/42"}
+        # a PUT with a body template: the body is sent, with its Content-Type
+        body = tmp_path / "b.json"
+        body.write_text('{"id": "{{index}}"}')
+        srv.seen.clear()
+        assert main(["load", "--url", url, "--method", "PUT", "--body", str(body), "--rate", "20", "--duration",
+                     "0.5", "--out", str(out), "--json", "--no-progress"]) == 0  # fmt: skip
+        capsys.readouterr()
+        puts = [s for s in srv.seen if s[0].startswith("PUT ")]
+        assert puts and all(h["content-type"] == "application/json" and b'"id":' in b for _, h, b in puts)
+    finally:
+        srv.close()
+    assert main(["load", "--url", url, "--api", "openai-chat", "--method", "GET", "--rate", "1", "--duration",
+                 "1", "--out", str(out)]) == 2  # fmt: skip
+    assert "sends POST requests" in capsys.readouterr().err

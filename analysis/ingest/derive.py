@@ -3,6 +3,10 @@
 * ``requests``: one row per server-side request. A request span is a span that is not a
   load-generator client span and either has kind SERVER and no parent inside its trace other than a
   load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
+  Such a root that calls a server (a program's own span: a script, a job, another load tool) is the
+  client side instead: its CLIENT spans down to the first SERVER span are callers like the load
+  generator's (``_outer_client``), each SERVER span under one is a request with that caller's
+  duration, and the root is no request.
   Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
   trace that also holds a server span; their duration is ``client_duration_ms``.
   An LLM engine's own span (vLLM's ``llm_request``, SGLang's ``Req <rid>``: the ``gen_ai.latency.*``
@@ -57,7 +61,14 @@ from __future__ import annotations
 from stagescope import names
 from stagescope.analysis.ingest.engines import engine_hosts_sql, engine_spans_sql, engine_stage_rows_sql
 from stagescope.analysis.ingest.otlp import sql_str
-from stagescope.analysis.ingest.spans import KIND_CLIENT, KIND_SERVER
+from stagescope.analysis.ingest.spans import (
+    KIND_CLIENT,
+    KIND_CONSUMER,
+    KIND_INTERNAL,
+    KIND_PRODUCER,
+    KIND_SERVER,
+    KIND_UNSPECIFIED,
+)
 from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
@@ -112,6 +123,24 @@ def sampling_p_sql(trace_state: str, reason: str) -> str:
 def derive_sql(spans: str = "spans", kind: str = "TABLE") -> list[str]:
     """Statements creating ``requests``, ``stages`` and ``token_gaps`` (``kind``: TABLE or VIEW)."""
     return [
+        # the client side of a trace whose local root is a program's own span (a script, a job, another
+        # load tool: INTERNAL or UNSPECIFIED; a queue worker's CONSUMER or PRODUCER span) that calls a server: the root and every span below it down
+        # to the first SERVER span; its CLIENT spans with a SERVER child are that server's callers
+        f"""CREATE OR REPLACE TEMP TABLE _outer_client AS
+WITH RECURSIVE cs(trace_id, span_id, root_id) AS (
+  SELECT r.trace_id, r.span_id, r.span_id FROM {spans} r
+  WHERE r.parent_span_id = '' AND r.kind IN ({KIND_UNSPECIFIED}, {KIND_INTERNAL}, {KIND_PRODUCER}, {KIND_CONSUMER})
+    AND r.stage IS NULL
+  UNION
+  SELECT s.trace_id, s.span_id, cs.root_id FROM {spans} s JOIN cs
+    ON s.trace_id = cs.trace_id AND s.parent_span_id = cs.span_id
+  WHERE s.kind <> {KIND_SERVER}
+)
+SELECT c.trace_id, c.span_id, cs.root_id, (c.end_ns - c.start_ns) / 1e6 AS client_ms, c.start_ns AS client_start
+FROM cs JOIN {spans} c ON c.trace_id = cs.trace_id AND c.span_id = cs.span_id
+WHERE c.kind = {KIND_CLIENT}
+  AND EXISTS (SELECT 1 FROM {spans} x WHERE x.trace_id = c.trace_id AND x.parent_span_id = c.span_id
+              AND x.kind = {KIND_SERVER})""",
         f"""CREATE OR REPLACE TEMP TABLE _client AS
 SELECT c.trace_id, max((c.end_ns - c.start_ns) / 1e6) AS client_ms, min(c.start_ns) AS client_start,
        list(c.span_id) AS span_ids
@@ -119,18 +148,23 @@ FROM {spans} c
 WHERE coalesce(c.is_client_attr, false)
    OR (c.kind = {KIND_CLIENT} AND c.parent_span_id = ''
        AND EXISTS (SELECT 1 FROM {spans} x WHERE x.trace_id = c.trace_id AND x.kind = {KIND_SERVER}))
+   OR EXISTS (SELECT 1 FROM _outer_client o WHERE o.trace_id = c.trace_id AND o.span_id = c.span_id)
 GROUP BY c.trace_id""",
         f"""CREATE OR REPLACE TEMP TABLE _staged AS
 SELECT DISTINCT trace_id FROM {spans} WHERE stage IS NOT NULL""",
         *engine_spans_sql(spans),
         # request candidates: SERVER spans, local roots, and every LLM engine's span (SGLang's is INTERNAL)
         f"""CREATE OR REPLACE TEMP TABLE _cand AS
-SELECT s.*, c.client_ms, coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
+SELECT s.*, coalesce(o.client_ms, c.client_ms) AS client_ms,
+       coalesce(list_contains(c.span_ids, s.parent_span_id), false) AS parent_is_client
 FROM {spans} s LEFT JOIN _client c USING (trace_id)
+  LEFT JOIN _outer_client o ON o.trace_id = s.trace_id AND o.span_id = s.parent_span_id
 WHERE s.stage IS NULL AND s.stage_invalid IS NULL
-  AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN (0, 1))
+  AND (s.kind = {KIND_SERVER} OR (s.parent_span_id = '' AND s.kind IN ({KIND_UNSPECIFIED}, {KIND_INTERNAL}))
        OR EXISTS (SELECT 1 FROM _eng e WHERE e.trace_id = s.trace_id AND e.span_id = s.span_id))
-  AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)""",
+  AND NOT coalesce(list_contains(c.span_ids, s.span_id), false)
+  -- a program's root span that calls a server is the client side, not a request: the server's span is
+  AND NOT EXISTS (SELECT 1 FROM _outer_client o2 WHERE o2.trace_id = s.trace_id AND o2.root_id = s.span_id)""",
         # server spans whose parent is another (non load-generator) span of the trace: downstream calls
         f"""CREATE OR REPLACE TEMP TABLE _inner AS
 SELECT c.trace_id, c.span_id, c.parent_span_id FROM _cand c JOIN {spans} p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id

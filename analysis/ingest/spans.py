@@ -25,15 +25,22 @@ __all__ = [
     "ATTR_COLUMNS",
     "INVALID_COLUMNS",
     "KIND_CLIENT",
+    "KIND_CONSUMER",
+    "KIND_INTERNAL",
+    "KIND_PRODUCER",
     "KIND_SERVER",
+    "KIND_UNSPECIFIED",
     "SPAN_COLUMNS",
     "SPAN_TABLE_DDL",
     "STRING_ONLY",
 ]
 
+KIND_UNSPECIFIED: Final = 0
 KIND_INTERNAL: Final = 1
 KIND_SERVER: Final = 2
 KIND_CLIENT: Final = 3
+KIND_PRODUCER: Final = 4
+KIND_CONSUMER: Final = 5
 
 #: Attribute pivots: column -> (SQL type, attribute keys in order of preference).
 ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
