@@ -194,6 +194,34 @@ def test_a_programs_root_span_is_the_client_side_at_any_depth(tmp_path: Path) ->
     ds.close()
 
 
+def test_a_hand_traced_service_root_with_stages_stays_the_request(tmp_path: Path) -> None:
+    """A service traced by hand: its handler's root span is INTERNAL (the OpenTelemetry default), with
+    stage spans of its own (preprocess, compute) and a CLIENT call to a feature store whose SERVER
+    span is in the same trace. The root is the request (its stages and all), the feature store's span
+    a downstream call, not a request: a root with stages is a service at work, not a program calling
+    one (the client-side walk took the feature store for the request before)."""
+    t = _tid(11)
+    st = names.ATTR_STAGE
+    spans = [
+        SynthSpan(t, "a" * 16, "predict", start_ns=T0, end_ns=T0 + 200_000_000, kind=KIND_INTERNAL),
+        SynthSpan(t, "b" * 16, "preprocess", parent_span_id="a" * 16, start_ns=T0 + 1_000_000,
+                  end_ns=T0 + 21_000_000, attributes={st: "preprocess"}),
+        SynthSpan(t, "c" * 16, "GET", parent_span_id="a" * 16, start_ns=T0 + 22_000_000, end_ns=T0 + 72_000_000,
+                  kind=KIND_CLIENT),
+        SynthSpan(t, "d" * 16, "GET /features", parent_span_id="c" * 16, start_ns=T0 + 23_000_000,
+                  end_ns=T0 + 71_000_000, kind=KIND_SERVER, service="feature-store"),
+        SynthSpan(t, "e" * 16, "compute", parent_span_id="a" * 16, start_ns=T0 + 73_000_000,
+                  end_ns=T0 + 193_000_000, attributes={st: "compute"}),
+    ]
+    f = tmp_path / "svc.jsonl"
+    write_otlp_lines(f, spans)
+    ds = load_dataset(traces=[f])
+    assert _rows(ds, "SELECT route, duration_ms FROM requests") == [("predict", pytest.approx(200.0))]
+    assert sorted(_rows(ds, "SELECT stage FROM stages WHERE stage IN ('preprocess', 'compute')")) == [
+        ("compute",), ("preprocess",)]  # fmt: skip
+    ds.close()
+
+
 def test_an_llm_engine_called_by_a_program_is_its_own_request(tmp_path: Path) -> None:
     """An agent's run (INTERNAL root, 900 ms) calls vLLM 300 ms in (CLIENT, 500 ms); vLLM's
     ``llm_request`` SERVER span (498 ms, TTFT 100 ms) is the request. Before, the agent's run was the

@@ -3,8 +3,9 @@
 * ``requests``: one row per server-side request. A request span is a span that is not a
   load-generator client span and either has kind SERVER and no parent inside its trace other than a
   load-generator client span, or is a local root (no parent) of kind INTERNAL/UNSPECIFIED.
-  Such a root that calls a server (a program's own span: a script, a job, another load tool) is the
-  client side instead: its CLIENT spans down to the first SERVER span are callers like the load
+  Such a root that calls a server (a program's own span: a script, a job, another load tool) and has
+  no stage spans of its own above that server's span is the client side instead (with stages, it is a
+  service's hand-traced request and the server it calls a downstream call): its CLIENT spans down to the first SERVER span are callers like the load
   generator's (``_outer_client``), each SERVER span under one is a request with that caller's
   duration, and the root is no request.
   Load-generator client spans are kind CLIENT with ``stagescope.client=true``, or CLIENT roots of a
@@ -139,6 +140,11 @@ WITH RECURSIVE cs(trace_id, span_id, root_id) AS (
 SELECT c.trace_id, c.span_id, cs.root_id, (c.end_ns - c.start_ns) / 1e6 AS client_ms, c.start_ns AS client_start
 FROM cs JOIN {spans} c ON c.trace_id = cs.trace_id AND c.span_id = cs.span_id
 WHERE c.kind = {KIND_CLIENT}
+  -- a root with stage spans of its own (above the first SERVER span) is a service doing its work (a
+  -- handler traced by hand, INTERNAL by default), not a program calling one: it stays the request and
+  -- the SERVER span it calls is a downstream call (a feature store, say)
+  AND NOT EXISTS (SELECT 1 FROM cs w JOIN {spans} ws ON ws.trace_id = w.trace_id AND ws.span_id = w.span_id
+                  WHERE w.trace_id = cs.trace_id AND w.root_id = cs.root_id AND ws.stage IS NOT NULL)
   AND EXISTS (SELECT 1 FROM {spans} x WHERE x.trace_id = c.trace_id AND x.parent_span_id = c.span_id
               AND x.kind = {KIND_SERVER})""",
         f"""CREATE OR REPLACE TEMP TABLE _client AS
