@@ -20,7 +20,11 @@ deterministic for a seed:
   running batch climbs by 12 and the steps after it are slow for the batch they carry. Slow gaps then
   overlap prefills (92 % vs 29 % of the normal gaps, seed 1) and a slow gap is a fraction of the
   prefill window (which holds the wait), though a prompt adds ~2 ms to a step: truth (decode,
-  reduce-batch-tokens).
+  reduce-batch-tokens). ``llm-chunk-sized-prompts`` (ITL p99): every prompt 150-256 tokens (at most
+  one 256-token chunk: ~24 ms, one step with chunking on or off) beside a step of ``8 + 0.3 *
+  running`` ms: the steps that carry a prompt are twice the others; chunked prefill changes nothing,
+  a separate prefill pool takes the prompt off the step: truth (decode, separate-prefill-decode),
+  the gaps without their prompt's cost (``true_quantile``).
   Every interference incident records each gap's running batch (``stagescope.itl.running``).
 * ``llm-long-contexts`` (TTFT p95): prefill ``15 + 0.12 * prompt`` ms (noise 5 %); one request in ten
   carries a 5,000-8,000-token context; chunked prefill is on, so no request waits behind it. Truth
@@ -101,6 +105,11 @@ PHYSICS_VARIANTS: dict[str, tuple[S.Scenario, EnginePhysics]] = {
         EnginePhysics(prompt_tokens=16.0, prompt_range=(8, 32), long_every=None, per_seq_ms=1.0,
                       admit_at_arrival=True, group=12),
     ),
+    "llm-chunk-sized-prompts": (
+        S.Scenario("llm-chunk-sized-prompts", S.GENERATE, "itl:p99<30ms", N.STAGE_DECODE,
+                   N.LEVER_SEPARATE_PREFILL_DECODE),
+        EnginePhysics(prompt_tokens=200.0, prompt_range=(150, 256), long_every=None, per_seq_ms=0.3),
+    ),
 }  # fmt: skip
 MAX_STATIC_BATCH = 32  # the SIMULATED static batcher's largest batch
 
@@ -117,7 +126,7 @@ class WorkloadIncident:
         """The SLO quantile (ms) after the incident's own lever, from the generator's physics
         (``setting``: the prompt cap in tokens for ``cap-prompt-tokens``; unused otherwise)."""
         p, q, name = self.parts, self.slo.objective, self.data.scenario.name
-        if name.startswith("llm-prefill-interference"):
+        if name.startswith("llm-prefill-interference") or name == "llm-chunk-sized-prompts":
             if name.endswith("unchunked"):  # chunked: each prefill step carries at most 256 tokens
                 return float(np.quantile(p["base"] + PER_TOKEN_MS * np.minimum(p["chunk"], 256), q))
             return float(np.quantile(p["base"], q))

@@ -130,6 +130,22 @@ def test_short_prompts_beside_a_large_batch_are_not_prefill_interference(seed: i
     assert ev["batch_slope_ms"] == pytest.approx(W.PHYSICS_VARIANTS[inc.data.scenario.name][1].per_seq_ms, rel=0.15)
 
 
+def test_prompts_of_one_chunk_that_double_the_step_get_separate_pools() -> None:
+    """Prompts of at most one chunk (150-256 tokens) that double the steps they ride in: chunking cannot
+    split them (the chunked-prefill rule stays off), the matched excess says the prefills are most of the
+    slow gaps, so separate prefill and decode pools, the rationale saying why not chunking, and the
+    prediction near the generator's gaps without the prompts' cost."""
+    inc, rep = _incident("llm-chunk-sized-prompts")
+    ev = rep["evidence"]
+    assert ev["slow_gap_to_prefill"] >= 0.9 and ev["slow_gap_chunkable_share"] == 0.0  # one step each
+    assert ev["slow_gap_prefill_excess"] >= 0.6
+    assert rep["verdict"] == {"stage": N.STAGE_DECODE, "lever": N.LEVER_SEPARATE_PREFILL_DECODE}, rep["levers"]
+    why = rep["levers"][0]["rationale"]
+    assert "0% of them beside a prompt longer than one 256-token chunk" in why
+    assert N.LEVER_CHUNKED_PREFILL not in _levers(rep)
+    assert rep["levers"][0]["predicted_p99_ms"] == pytest.approx(inc.true_quantile(), rel=0.10)
+
+
 def test_the_running_batch_is_matched_per_stream_and_unknown_claims_no_interference() -> None:
     """Without per-gap running batches the stream's mean batch is matched on (the reference service
     records only that) and the interference incident keeps its lever; with no running batch at all the
