@@ -60,13 +60,13 @@ WHOLE_PREFILL = 0.5
 #: Share of the slow overlapping gaps beside a prompt longer than one chunk for chunked prefill to be the
 #: lever: a prompt of at most one chunk is one step either way (no chunk budget splits it).
 CHUNKABLE_SHARE = 0.5
-#: Median share of a slow overlapping gap that the prefill adds over the same-batch gap beside no prefill
-#: (``slow_gap_prefill_excess``) for the prefills to be a material part of the slow steps: at least half of
-#: the gap, so taking them off (or chunking them) at least halves it (the batch's bar, BATCH_DRIVEN_SHARE,
-#: is the same half); below it the step is slow for the batch it carries, with or without a prompt in it.
+#: Share of the slow overlapping gaps' time that the prefills add over same-batch gaps beside no prefill
+#: (``slow_gap_prefill_excess``) for the prefills to be a material part of the slow steps: at least half,
+#: so taking them off (or chunking them) at least halves those gaps (the batch's bar, BATCH_DRIVEN_SHARE,
+#: is the same half); below it the steps are slow for the batch they carry, with or without a prompt.
 PREFILL_DRIVEN_SHARE = 0.5
-#: Share of the slow overlapping gaps matched to same-batch gaps beside no prefill for that median to
-#: speak for them (an unmatched gap is at a batch size that never ran without a prefill).
+#: Share of the slow overlapping gaps matched to same-batch gaps beside no prefill for that share to
+#: speak for them (an unmatched gap is at a batch size that rarely ran without a prefill).
 MATCHED_SHARE = 0.5
 #: Gaps beside a long prefill at most this many times the gaps beside none: the engine interleaved it.
 INTERLEAVED_GAP_RATIO = 3.0
@@ -86,8 +86,8 @@ def _n(x: Any, unit: str = "", nd: int = 1) -> str:
 def _interfered(ev: Evidence) -> bool:
     """Slow gaps coincide with other requests' prefills (INTERFERENCE_SHARE of them, INTERFERENCE_LIFT
     times the normal gaps' share) **and** the prefills are a material part of those gaps: against the
-    gaps at the same running batch that overlap none, the prefill adds at least PREFILL_DRIVEN_SHARE of
-    a slow gap (``slow_gap_prefill_excess``, over MATCHED_SHARE of them matched). Coinciding alone is
+    gaps at the same running batch that overlap none, the prefills add at least PREFILL_DRIVEN_SHARE of
+    the slow gaps' time (``slow_gap_prefill_excess``, MATCHED_SHARE of them matched). Coinciding alone is
     what short prompts arriving all the time beside a large running batch do; without a running batch
     to match on (excess unknown) no interference is claimed: the batch's rules decide."""
     slow, normal = ev.get("slow_gap_prefill_overlap"), ev.get("normal_gap_prefill_overlap")
@@ -112,12 +112,12 @@ def _why_not_chunking(ev: Evidence) -> str:
     chunkable, ratio = ev.get("slow_gap_chunkable_share"), ev.get("slow_gap_to_prefill")
     if chunkable is not None and float(chunkable) < CHUNKABLE_SHARE:
         return (
-            f"{float(chunkable):.0%} of them beside a prompt longer than one {CHUNK_TOKENS}-token chunk (a shorter "
-            "prompt is one step with chunking on or off)"
+            f"only {float(chunkable):.0%} of the slow gaps beside a prompt longer than one {CHUNK_TOKENS}-token chunk, "
+            "and a shorter prompt is one step with chunking on or off"
         )
     if ratio is None or float(ratio) < WHOLE_PREFILL:
-        return "already chunked (a slow gap is a fraction of the prefill)"
-    return "of prompts of unknown length (if chunked prefill is off, enable it first)"
+        return "already chunked: a slow gap is a fraction of the prefill"
+    return "prompt lengths unknown: if chunked prefill is off, enable it first"
 
 
 def unchunked_interference(ev: Evidence) -> bool:
@@ -258,7 +258,7 @@ def chunked_why(ev: Evidence, stage_line: str) -> str:
 
 def separate_why(ev: Evidence, stage_line: str) -> str:
     return (
-        f"{stage_line}; {interference_line(ev)}. Prefills of other requests, {_why_not_chunking(ev)}, still "
+        f"{stage_line}; {interference_line(ev)}. Prefills of other requests ({_why_not_chunking(ev)}) still "
         "share the decode steps (vLLM's docs: prefill jobs inserted during a request's decoding raise tail ITL). "
         "Serve prefill and decode on separate pools (disaggregated serving: vLLM --kv-transfer-config with a "
         "KV connector; SGLang --disaggregation-mode prefill|decode): decode steps then carry no prompt. It "

@@ -65,7 +65,7 @@ def test_the_rationales_cite_what_was_measured() -> None:
     assert ev["gap_running_per_gap"] is True
     assert (f"the prefills add {ev['slow_gap_prefill_excess']:.0%} of the slow gaps' time over the gaps at the same "
             "running batch (per gap)") in why
-    assert "already chunked" in why
+    assert "(already chunked: a slow gap is a fraction of the prefill)" in why
     assert f"{ev['slow_gap_prefill_overlap']:.0%}" in why and "--kv-transfer-config" in why
     assert "--disaggregation-mode" in why and "chunk budget" in why
     # unchunked, the same interference gets the cheaper lever first
@@ -141,7 +141,7 @@ def test_prompts_of_one_chunk_that_double_the_step_get_separate_pools() -> None:
     assert ev["slow_gap_prefill_excess"] >= 0.6
     assert rep["verdict"] == {"stage": N.STAGE_DECODE, "lever": N.LEVER_SEPARATE_PREFILL_DECODE}, rep["levers"]
     why = rep["levers"][0]["rationale"]
-    assert "0% of them beside a prompt longer than one 256-token chunk" in why
+    assert "(only 0% of the slow gaps beside a prompt longer than one 256-token chunk" in why
     assert N.LEVER_CHUNKED_PREFILL not in _levers(rep)
     assert rep["levers"][0]["predicted_p99_ms"] == pytest.approx(inc.true_quantile(), rel=0.10)
 
