@@ -21,8 +21,9 @@ admitted than the cache holds) gets a concurrency limit before KV-cache headroom
 prefix hits differ across replicas get KV-cache-aware routing before prefix caching. A rule may name the
 processes, and a gateway in front of it (kind ``network``) is measured first. Workload levers
 (:mod:`~stagescope.analysis.workload_rules`): inter-token gaps that spike beside other requests'
-prefills get chunked prefill (a flag) when a whole prompt ran in one step, else separate prefill and
-decode pools (more GPUs), both before a smaller batch; long prompts at the normal per-token cost on
+prefills, where the prefills add at least half of those gaps' time over gaps at the same running
+batch beside none, get chunked prefill (a flag) when a whole prompt longer than a chunk ran in one
+step, else separate prefill and decode pools (more GPUs), both before a smaller batch; long prompts at the normal per-token cost on
 an engine seen interleaving them get a prompt budget before chunked prefill; a static batcher on a
 streaming route gets continuous batching before a shorter batch wait; a measured cascade (small
 model, escalation rate) follows a rejected quantize. A rule may name the

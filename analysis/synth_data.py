@@ -59,6 +59,7 @@ class SynthData:
     scenario: Scenario
     requests: dict[str, np.ndarray]
     stages: dict[str, np.ndarray]
+    #: ``trace_id``, ``gap_ms`` in each stream's order; optional ``running``: each gap's running decode batch
     gaps: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: list[tuple[str, dict[str, str], float, int]] = field(default_factory=list)
     #: For a mix of routes (analysis.synth_routes.mix): each route's scenario (its ground truth).
@@ -113,15 +114,16 @@ def to_tables(
         + " FROM st_tbl"
     )
     gaps = data.gaps or {"trace_id": np.array([], dtype=str), "gap_ms": np.array([], dtype=float)}
-    gap_tbl = pa.table(
-        {
-            "trace_id": pa.array(gaps["trace_id"], pa.string()),
-            "gap_ms": pa.array(gaps["gap_ms"], pa.float64()),
-        }
-    )
-    con.register("gap_tbl", gap_tbl)
+    cols = {
+        "trace_id": pa.array(gaps["trace_id"], pa.string()),
+        "gap_ms": pa.array(gaps["gap_ms"], pa.float64()),
+    }
+    if "running" in gaps:  # each gap's running decode batch (stagescope.itl.running), where the data has it
+        cols["running"] = pa.array(gaps["running"], pa.float64())
+    con.register("gap_tbl", pa.table(cols))
+    running = ", CAST(running AS DOUBLE) running" if "running" in gaps else ""
     con.execute(
-        "CREATE OR REPLACE TABLE token_gaps AS SELECT trace_id, CAST(gap_ms AS DOUBLE) gap_ms FROM gap_tbl"
+        f"CREATE OR REPLACE TABLE token_gaps AS SELECT trace_id, CAST(gap_ms AS DOUBLE) gap_ms{running} FROM gap_tbl"
     )
     m_tbl = pa.table(
         {
@@ -176,6 +178,10 @@ def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope")
     gaps_by: dict[str, list[float]] = {}
     for tid, g in zip(data.gaps.get("trace_id", []), data.gaps.get("gap_ms", []), strict=True):
         gaps_by.setdefault(str(tid), []).append(float(g) / 1e3)
+    running_by: dict[str, list[int]] = {}
+    if "running" in data.gaps:
+        for tid, b in zip(data.gaps["trace_id"], data.gaps["running"], strict=True):
+            running_by.setdefault(str(tid), []).append(int(b))
 
     def spans_iter() -> Any:
         for i in range(n):
@@ -197,6 +203,8 @@ def write_otlp(data: SynthData, path: str | Path, *, flavor: str = "stagescope")
                     N.GENAI_USAGE_INPUT_TOKENS: int(r["input_tokens"][i]),
                     N.GENAI_USAGE_OUTPUT_TOKENS: int(r["output_tokens"][i]),
                 })  # fmt: skip
+                if tid in running_by:
+                    attrs[N.ATTR_TOKEN_RUNNING] = running_by[tid]
             client = r.get("client_duration_ms")
             yield from request_spans(
                 tid, s0, stage_list, duration_ms=float(r["duration_ms"][i]), name=f"POST {r['route'][i]}",

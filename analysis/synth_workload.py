@@ -11,6 +11,21 @@ deterministic for a seed:
   ~15 steps beside the decodes: those steps' gaps spike. Truth after separate pools: the same gaps
   without the chunk's cost. With ``chunk_tokens=None`` (``llm-prefill-interference-unchunked``) a
   prompt runs whole in one step (chunked prefill off): the lever is chunked prefill.
+* The same SIMULATED engine with other physics (:class:`EnginePhysics`, :data:`PHYSICS_VARIANTS`, not
+  in :data:`WORKLOAD`: no effect model is checked on them): ``llm-short-prompts-large-batch`` (ITL p99):
+  ~16-token prompts (8-32), a step of ``8 + 1.0 * running`` ms (0.12 ms per prompt token as above),
+  requests admitted on arrival (the prefill stage holds the wait for the request's prompt step, as
+  llama.cpp's gateway and the reference engine measure it), arriving in groups of 12 within 2 ms (a
+  client fanning a task out into parallel calls): a group's prompts are prefilled one per step, the
+  running batch climbs by 12 and the steps after it are slow for the batch they carry. Slow gaps then
+  overlap prefills (92 % vs 29 % of the normal gaps, seed 1) and a slow gap is a fraction of the
+  prefill window (which holds the wait), though a prompt adds ~2 ms to a step: truth (decode,
+  reduce-batch-tokens). ``llm-chunk-sized-prompts`` (ITL p99): every prompt 150-256 tokens (at most
+  one 256-token chunk: ~24 ms, one step with chunking on or off) beside a step of ``8 + 0.3 *
+  running`` ms: the steps that carry a prompt are twice the others; chunked prefill changes nothing,
+  a separate prefill pool takes the prompt off the step: truth (decode, separate-prefill-decode),
+  the gaps without their prompt's cost (``true_quantile``).
+  Every interference incident records each gap's running batch (``stagescope.itl.running``).
 * ``llm-long-contexts`` (TTFT p95): prefill ``15 + 0.12 * prompt`` ms (noise 5 %); one request in ten
   carries a 5,000-8,000-token context; chunked prefill is on, so no request waits behind it. Truth
   with prompts capped at ``c``: the same prefill at ``min(prompt, c)``.
@@ -39,7 +54,7 @@ from stagescope import names as N
 from stagescope.analysis import synth_scenarios as S
 from stagescope.slo import SLO, parse_slo
 
-__all__ = ["WORKLOAD", "WorkloadIncident", "generate", "to_tables"]
+__all__ = ["PHYSICS_VARIANTS", "WORKLOAD", "EnginePhysics", "WorkloadIncident", "generate", "to_tables"]
 
 #: name -> (scenario: route, SLO, true stage, true lever; the SLO's quality budget in points or None).
 WORKLOAD: dict[str, tuple[S.Scenario, float | None]] = {
@@ -59,6 +74,43 @@ WORKLOAD: dict[str, tuple[S.Scenario, float | None]] = {
 }  # fmt: skip
 
 PER_TOKEN_MS = 0.12  # prefill ms per prompt token (the SIMULATED engine's)
+
+
+@dataclass(frozen=True)
+class EnginePhysics:
+    """The SIMULATED step engine of the interference incidents (defaults: ``llm-prefill-interference``).
+    A step costs ``step_ms + per_seq_ms * running`` ms (noise 8 %) plus PER_TOKEN_MS per prompt token of
+    the one prefill chunk it carries (``chunk_tokens`` tokens at most, None: the whole prompt). Chat
+    prompts are lognormal around ``prompt_tokens`` (sigma 0.4, clipped to ``prompt_range``); one request
+    in ``long_every`` (None: none) carries 6,000-9,000 tokens. ``admit_at_arrival``: the prefill stage
+    starts at arrival (it holds the wait for the request's prompt step), else when its prefill starts.
+    Arrivals are uniform over the run, in groups of ``group`` requests within 2 ms of each other (a
+    client fanning out one task into parallel calls)."""
+
+    chunk_tokens: int | None = 512
+    prompt_tokens: float = 100.0
+    prompt_range: tuple[int, int] = (8, 400)
+    long_every: int | None = 50
+    step_ms: float = 8.0
+    per_seq_ms: float = 0.7
+    admit_at_arrival: bool = False
+    group: int = 1
+
+
+#: Engines of other physics on the interference generator, each with its truth (module docstring).
+PHYSICS_VARIANTS: dict[str, tuple[S.Scenario, EnginePhysics]] = {
+    "llm-short-prompts-large-batch": (
+        S.Scenario("llm-short-prompts-large-batch", S.GENERATE, "itl:p99<48ms", N.STAGE_DECODE,
+                   N.LEVER_REDUCE_BATCH_TOKENS),
+        EnginePhysics(prompt_tokens=16.0, prompt_range=(8, 32), long_every=None, per_seq_ms=1.0,
+                      admit_at_arrival=True, group=12),
+    ),
+    "llm-chunk-sized-prompts": (
+        S.Scenario("llm-chunk-sized-prompts", S.GENERATE, "itl:p99<30ms", N.STAGE_DECODE,
+                   N.LEVER_SEPARATE_PREFILL_DECODE),
+        EnginePhysics(prompt_tokens=200.0, prompt_range=(150, 256), long_every=None, per_seq_ms=0.3),
+    ),
+}  # fmt: skip
 MAX_STATIC_BATCH = 32  # the SIMULATED static batcher's largest batch
 
 
@@ -74,7 +126,7 @@ class WorkloadIncident:
         """The SLO quantile (ms) after the incident's own lever, from the generator's physics
         (``setting``: the prompt cap in tokens for ``cap-prompt-tokens``; unused otherwise)."""
         p, q, name = self.parts, self.slo.objective, self.data.scenario.name
-        if name.startswith("llm-prefill-interference"):
+        if name.startswith("llm-prefill-interference") or name == "llm-chunk-sized-prompts":
             if name.endswith("unchunked"):  # chunked: each prefill step carries at most 256 tokens
                 return float(np.quantile(p["base"] + PER_TOKEN_MS * np.minimum(p["chunk"], 256), q))
             return float(np.quantile(p["base"], q))
@@ -134,21 +186,32 @@ def _llm_data(
     return data
 
 
+def _arrivals(rng: np.random.Generator, n: int, dur_s: float, ph: EnginePhysics) -> np.ndarray:
+    """Sorted arrival times (s), uniform over the run, in groups of ``ph.group`` within 2 ms."""
+    if ph.group <= 1:
+        return np.sort(rng.uniform(0, dur_s, n))
+    m = -(-n // ph.group)
+    t = np.repeat(rng.uniform(0, dur_s, m), ph.group) + rng.uniform(0, 0.002, m * ph.group)
+    return np.sort(t[:n])
+
+
 def _interference(
-    sc: S.Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: float, chunk_tokens: int | None
+    sc: S.Scenario, rng: np.random.Generator, n: int, t0: int, dur_s: float, ph: EnginePhysics
 ) -> WorkloadIncident:
     """The SIMULATED engine of ``llm-prefill-interference`` (module docstring), step by step."""
-    t = np.sort(rng.uniform(0, dur_s, n))
-    prompt = np.clip(S._ln(rng, 100, 0.4, n), 8, 400).astype(int)
-    every = 50 if chunk_tokens else 35  # unchunked: one slow step per long prompt, so more of them
-    long_idx = np.arange(every // 2, n, every)
-    prompt[long_idx] = rng.integers(6000, 9000, len(long_idx))
+    chunk_tokens = ph.chunk_tokens
+    t = _arrivals(rng, n, dur_s, ph)
+    prompt = np.clip(S._ln(rng, ph.prompt_tokens, 0.4, n), *ph.prompt_range).astype(int)
+    if ph.long_every is not None:
+        long_idx = np.arange(ph.long_every // 2, n, ph.long_every)
+        prompt[long_idx] = rng.integers(6000, 9000, len(long_idx))
     out = np.clip(S._ln(rng, 40, 0.3, n), 8, 120).astype(int)
     waiting: deque[int] = deque()
     running: dict[int, int] = {}  # stream -> tokens still to generate
     gaps: list[list[float]] = [[] for _ in range(n)]
     base: list[list[float]] = [[] for _ in range(n)]
     chunk_of: list[list[float]] = [[] for _ in range(n)]
+    run_of: list[list[float]] = [[] for _ in range(n)]  # streams decoding in each gap's step
     pf_start, first_tok, run_at = np.zeros(n), np.zeros(n), np.zeros(n)
     now, nxt, pre, left = 0.0, 0, -1, 0
     while nxt < n or waiting or running or pre >= 0:
@@ -165,13 +228,15 @@ def _interference(
         if pre >= 0:
             chunk = left if chunk_tokens is None else min(chunk_tokens, left)
             left -= chunk
-        b = (8 + 0.7 * len(running)) * float(np.exp(rng.normal(0, 0.08)))
+        b = (ph.step_ms + ph.per_seq_ms * len(running)) * float(np.exp(rng.normal(0, 0.08)))
         step = b + PER_TOKEN_MS * chunk
         now += step
+        batch = len(running)
         for i in list(running):
             gaps[i].append(step)
             base[i].append(b)
             chunk_of[i].append(chunk)
+            run_of[i].append(batch)
             running[i] -= 1
             if running[i] <= 0:
                 del running[i]
@@ -179,11 +244,12 @@ def _interference(
             first_tok[pre], run_at[pre] = now, len(running)
             running[pre] = int(out[pre]) - 1
             pre = -1
-    queue = pf_start - t * 1000
-    prefill = first_tok - pf_start
+    admitted = t * 1000 if ph.admit_at_arrival else pf_start
+    queue, prefill = admitted - t * 1000, first_tok - admitted
     g = [np.array(x) for x in gaps]
     data = _llm_data(sc, rng, t0, t, {"input_tokens": prompt, "output_tokens": out},
                      [(N.STAGE_QUEUE, queue), (N.STAGE_PREFILL, prefill)], g, run_at + 1)  # fmt: skip
+    data.gaps["running"] = np.concatenate([np.array(x, dtype=float) for x in run_of])
     parts = {
         "base": np.concatenate([np.array(x) for x in base]),
         "chunk": np.concatenate([np.array(x) for x in chunk_of]),
@@ -279,13 +345,17 @@ def _large_model(sc: S.Scenario, rng: np.random.Generator, n: int, t0: int, dur_
 def generate(
     name: str, n: int = 1500, *, seed: int = 0, duration_s: float = 120.0, t0_ns: int = 1_764_460_800 * 10**9
 ) -> WorkloadIncident:
-    """Synthesize ``n`` requests of the workload incident ``name`` (a key of :data:`WORKLOAD`)."""
-    sc = WORKLOAD[name][0]
+    """Synthesize ``n`` requests of the workload incident ``name`` (a key of :data:`WORKLOAD` or of
+    :data:`PHYSICS_VARIANTS`)."""
     rng = np.random.default_rng(seed)
+    if name in PHYSICS_VARIANTS:
+        sc, ph = PHYSICS_VARIANTS[name]
+        return _interference(sc, rng, n, t0_ns, duration_s, ph)
+    sc = WORKLOAD[name][0]
     if name == "llm-prefill-interference":
-        return _interference(sc, rng, n, t0_ns, duration_s, 512)
-    if name == "llm-prefill-interference-unchunked":
-        return _interference(sc, rng, n, t0_ns, duration_s, None)
+        return _interference(sc, rng, n, t0_ns, duration_s, EnginePhysics())
+    if name == "llm-prefill-interference-unchunked":  # one slow step per long prompt, so more of them
+        return _interference(sc, rng, n, t0_ns, duration_s, EnginePhysics(chunk_tokens=None, long_every=35))
     if name == "llm-long-contexts":
         return _long_contexts(sc, rng, n, t0_ns, duration_s)
     if name == "llm-static-batches":

@@ -18,6 +18,20 @@ the data lacks them):
   ``slow_gap_chunkable_share``: share of the slow overlapping gaps whose largest overlapped prompt is
   longer than one chunk (analysis.llm_levers.CHUNK_TOKENS): a prompt of at most one chunk runs in one
   step whether chunked prefill is on or off, so only these gaps can be what chunking shortens;
+  ``slow_gap_prefill_excess``: what the prefill adds to a slow gap, against the batch: each slow
+  overlapping gap is matched to the median gap *at the same running decode batch* (rounded to a whole
+  stream; per gap, ``stagescope.itl.running``, where the server counted it, else its stream's mean
+  ``batch_size``) among the gaps that overlap no prefill (at least MATCH_MIN_GAPS of them), and the
+  evidence is the share of those gaps' time over their matches, ``sum(max(0, gap - matched)) /
+  sum(gap)``: the time the prefills add to the slow steps, what taking them off would remove (0: steps
+  that slow without any prefill, the batch's; 0.9: nine tenths of it is the prefills'). A share of
+  time, not a median over gaps: when a long prompt's step leaves a backlog, the slow gaps are a few
+  very long ones beside it and many batch-sized ones after it, and a median would sit between the two
+  kinds. Overlapping a prefill is what happens whenever requests arrive beside a large running batch,
+  so the overlap shares alone do not tell the prefill's cost from the batch's; this does.
+  ``slow_gap_matched_share``: share of the slow overlapping gaps that found such a match;
+  ``gap_running_per_gap``: the running batch was counted per gap (else per stream). Without a running
+  batch for the gaps (neither), all three are None;
 * **long prompts** (per-request SLIs with a prefill stage and prompt tokens): ``prompt_cap_tokens``,
   the baseline requests' SLO quantile of prompt tokens; ``long_prompt_share_tail``, the share of tail
   requests whose prompt is over it; ``prefill_ms_per_token_long`` / ``_baseline``: median prefill ms
@@ -55,6 +69,7 @@ __all__ = [
     "GAP_OVERLAP",
     "LONG_PROMPT_RATIO",
     "LONG_PROMPT_SHARE",
+    "MATCH_MIN_GAPS",
     "SAME_PREFILL_COST",
     "gap_overlaps",
     "gather",
@@ -84,6 +99,10 @@ def _kind_cond(con: duckdb.DuckDBPyConnection, kind: str, alias: str = "") -> st
     return f"{alias}stage IN ({', '.join(sql_str(s) for s in names)})"
 
 
+#: Fewest gaps that overlap no prefill at one running batch size for their median to be the match of the
+#: slow overlapping gaps at that size (``slow_gap_prefill_excess``; as analysis.batch_fit.STEP_FIT_MIN_GAPS).
+MATCH_MIN_GAPS = 5
+
 #: Temp table of the SLI's gaps with their prefill overlap (:func:`gap_overlaps`).
 GAP_OVERLAP = "ss_gap_overlap"
 
@@ -91,23 +110,28 @@ GAP_OVERLAP = "ss_gap_overlap"
 def gap_overlaps(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
     """Create :data:`GAP_OVERLAP`: one row per gap of the SLI's streams (``trace_id``, ``gap_ms``;
     ``pf_ms`` and ``tokens``: the longest prefill of another request on the same engine (service and
-    model) that ran during it and the largest prompt among them; ``over``: one did). False where it
-    cannot be built: no per-gap samples, token_gaps a view (no row ids to keep the span's order of the
-    gaps), or no decode and prefill stages with times."""
+    model) that ran during it and the largest prompt among them; ``over``: one did; ``running``: the
+    running decode batch of the gap's step, per gap where the server counted it, else the stream's mean
+    ``batch_size``, ``per_gap`` whether it was per gap). False where it cannot be built: no per-gap
+    samples, token_gaps a view (no row ids to keep the span's order of the gaps), or no decode and
+    prefill stages with times."""
     eng = "coalesce(r.service, '') || '|' || coalesce(r.model, '')"
+    bcol = "max(batch_size)" if has_columns(con, "requests", "batch_size") else "NULL::DOUBLE"
     reqs = (
         "(SELECT trace_id, any_value(service) AS service, any_value(model) AS model, "
-        "max(input_tokens) AS input_tokens FROM requests GROUP BY 1)"
+        f"max(input_tokens) AS input_tokens, {bcol} AS batch_size FROM requests GROUP BY 1)"
     )
+    grun = "g.running" if has_columns(con, "token_gaps", "running") else "NULL::DOUBLE"
     try:
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE {GAP_OVERLAP} AS
-            WITH g AS (SELECT g.rowid AS gid, g.trace_id, g.gap_ms FROM token_gaps g
+            WITH g AS (SELECT g.rowid AS gid, g.trace_id, g.gap_ms, CAST({grun} AS DOUBLE) AS grun FROM token_gaps g
                        WHERE g.gap_ms IS NOT NULL
                        AND g.trace_id IN (SELECT trace_id FROM requests WHERE {view.request_filter})),
                 d AS (SELECT trace_id, min(start_unix_ns) AS d0 FROM stages WHERE {_kind_cond(con, N.KIND_DECODE)}
                       GROUP BY 1),
                 e AS (SELECT g.gid, g.trace_id, g.gap_ms, {eng} AS eng,
+                             coalesce(g.grun, CAST(r.batch_size AS DOUBLE)) AS running, g.grun IS NOT NULL AS per_gap,
                              d.d0 + CAST(sum(g.gap_ms) OVER (PARTITION BY g.trace_id ORDER BY g.gid) * 1e6 AS BIGINT) AS t1
                       FROM g JOIN d USING (trace_id) JOIN {reqs} r USING (trace_id)),
                 p AS (SELECT s.trace_id AS pt, s.start_unix_ns AS a, s.end_unix_ns AS b, {eng} AS eng,
@@ -115,7 +139,8 @@ def gap_overlaps(con: duckdb.DuckDBPyConnection, view: SLIView) -> bool:
                       FROM stages s JOIN {reqs} r USING (trace_id)
                       WHERE {_kind_cond(con, N.KIND_PREFILL, "s.")} AND s.end_unix_ns > s.start_unix_ns)
             SELECT e.gid, any_value(e.trace_id) AS trace_id, any_value(e.gap_ms) AS gap_ms,
-                   max(p.b - p.a) / 1e6 AS pf_ms, max(p.tokens) AS tokens, count(p.pt) > 0 AS over
+                   max(p.b - p.a) / 1e6 AS pf_ms, max(p.tokens) AS tokens, count(p.pt) > 0 AS over,
+                   any_value(e.running) AS running, any_value(e.per_gap) AS per_gap
             FROM e LEFT JOIN p ON p.eng = e.eng AND p.pt <> e.trace_id AND p.a < e.t1 - 1000
                                 AND p.b > e.t1 - CAST(e.gap_ms * 1e6 AS BIGINT) + 1000
             GROUP BY e.gid"""
@@ -145,6 +170,27 @@ def _interference(con: duckdb.DuckDBPyConnection, view: SLIView) -> Evidence:
         "slow_gap_prefill_overlap": _r(row[0]), "normal_gap_prefill_overlap": _r(row[1]),
         "slow_gap_to_prefill": _r(row[2]), "overlap_prompt_tokens": _r(row[3], 1), "slow_gaps": int(row[4]),
         "slow_gap_chunkable_share": _r(row[5]),
+    } | _matched_excess(con, thr)  # fmt: skip
+
+
+def _matched_excess(con: duckdb.DuckDBPyConnection, thr: float) -> Evidence:
+    """``slow_gap_prefill_excess``, ``slow_gap_matched_share`` and ``gap_running_per_gap`` (the module
+    docstring): each slow overlapping gap against the median gap at the same running batch that
+    overlaps no prefill; None where the gaps carry no running batch."""
+    row = con.execute(
+        f"""WITH m AS (SELECT round(running) AS b, quantile_cont(gap_ms, 0.5) AS m0 FROM {GAP_OVERLAP}
+                       WHERE NOT over AND running IS NOT NULL GROUP BY 1 HAVING count(*) >= {MATCH_MIN_GAPS}),
+                 s AS (SELECT o.gap_ms, o.running, o.per_gap, m.m0 FROM {GAP_OVERLAP} o
+                       LEFT JOIN m ON m.b = round(o.running) WHERE o.over AND o.gap_ms > {thr!r})
+            SELECT sum(greatest(0.0, gap_ms - m0)) / nullif(sum(gap_ms) FILTER (WHERE m0 IS NOT NULL), 0),
+                   avg((m0 IS NOT NULL)::INT), count(running), avg(per_gap::INT)
+            FROM s"""
+    ).fetchone()
+    if row is None or not row[2]:  # no running batch for the slow overlapping gaps: unknown
+        return {"slow_gap_prefill_excess": None, "slow_gap_matched_share": None, "gap_running_per_gap": None}
+    return {
+        "slow_gap_prefill_excess": _r(row[0]), "slow_gap_matched_share": _r(row[1]),
+        "gap_running_per_gap": bool(row[3] is not None and float(row[3]) >= 0.5),
     }  # fmt: skip
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "gather",
     "interference_line",
     "long_prompts_at_normal_cost",
+    "prefill_driven",
     "prefill_interference",
     "prompt_line",
     "prompt_why",
@@ -59,6 +60,14 @@ WHOLE_PREFILL = 0.5
 #: Share of the slow overlapping gaps beside a prompt longer than one chunk for chunked prefill to be the
 #: lever: a prompt of at most one chunk is one step either way (no chunk budget splits it).
 CHUNKABLE_SHARE = 0.5
+#: Share of the slow overlapping gaps' time that the prefills add over same-batch gaps beside no prefill
+#: (``slow_gap_prefill_excess``) for the prefills to be a material part of the slow steps: at least half,
+#: so taking them off (or chunking them) at least halves those gaps (the batch's bar, BATCH_DRIVEN_SHARE,
+#: is the same half); below it the steps are slow for the batch they carry, with or without a prompt.
+PREFILL_DRIVEN_SHARE = 0.5
+#: Share of the slow overlapping gaps matched to same-batch gaps beside no prefill for that share to
+#: speak for them (an unmatched gap is at a batch size that rarely ran without a prefill).
+MATCHED_SHARE = 0.5
 #: Gaps beside a long prefill at most this many times the gaps beside none: the engine interleaved it.
 INTERLEAVED_GAP_RATIO = 3.0
 #: Gaps beside long prefills needed to judge that.
@@ -75,10 +84,40 @@ def _n(x: Any, unit: str = "", nd: int = 1) -> str:
 
 # -- conditions ------------------------------------------------------------------------------------
 def _interfered(ev: Evidence) -> bool:
+    """Slow gaps coincide with other requests' prefills (INTERFERENCE_SHARE of them, INTERFERENCE_LIFT
+    times the normal gaps' share) **and** the prefills are a material part of those gaps: against the
+    gaps at the same running batch that overlap none, the prefills add at least PREFILL_DRIVEN_SHARE of
+    the slow gaps' time (``slow_gap_prefill_excess``, MATCHED_SHARE of them matched). Coinciding alone is
+    what short prompts arriving all the time beside a large running batch do; without a running batch
+    to match on (excess unknown) no interference is claimed: the batch's rules decide."""
     slow, normal = ev.get("slow_gap_prefill_overlap"), ev.get("normal_gap_prefill_overlap")
     if slow is None or float(slow) < INTERFERENCE_SHARE:
         return False
-    return normal is None or float(slow) >= INTERFERENCE_LIFT * float(normal)
+    if normal is not None and float(slow) < INTERFERENCE_LIFT * float(normal):
+        return False
+    return prefill_driven(ev)
+
+
+def prefill_driven(ev: Evidence) -> bool:
+    """The prefills the slow gaps overlap are a material part of them (see :func:`_interfered`)."""
+    excess, matched = ev.get("slow_gap_prefill_excess"), ev.get("slow_gap_matched_share")
+    return (
+        excess is not None and matched is not None
+        and float(matched) >= MATCHED_SHARE and float(excess) >= PREFILL_DRIVEN_SHARE
+    )  # fmt: skip
+
+
+def _why_not_chunking(ev: Evidence) -> str:
+    """Why chunked prefill is not the lever where :func:`prefill_interference` holds, as measured."""
+    chunkable, ratio = ev.get("slow_gap_chunkable_share"), ev.get("slow_gap_to_prefill")
+    if chunkable is not None and float(chunkable) < CHUNKABLE_SHARE:
+        return (
+            f"only {float(chunkable):.0%} of the slow gaps beside a prompt longer than one {CHUNK_TOKENS}-token chunk, "
+            "and a shorter prompt is one step with chunking on or off"
+        )
+    if ratio is None or float(ratio) < WHOLE_PREFILL:
+        return "already chunked: a slow gap is a fraction of the prefill"
+    return "prompt lengths unknown: if chunked prefill is off, enable it first"
 
 
 def unchunked_interference(ev: Evidence) -> bool:
@@ -95,19 +134,25 @@ def unchunked_interference(ev: Evidence) -> bool:
 
 
 def prefill_interference(ev: Evidence) -> bool:
-    """Slow gaps spike while other requests' prefills run beside the decodes, each a fraction of the
-    prefill (it is already chunked): only a separate prefill pool takes the prefills off the decode steps."""
-    ratio = ev.get("slow_gap_to_prefill")
-    return _interfered(ev) and (ratio is None or float(ratio) < WHOLE_PREFILL)
+    """Slow gaps spike while other requests' prefills run beside the decodes and those prefills are most
+    of the slow gaps (:func:`_interfered`), and chunking cannot split them: each slow gap is a fraction
+    of the prefill (it is already chunked), or the prompts are no longer than one chunk (one step with
+    chunking on or off). Only a separate prefill pool then takes the prefills off the decode steps."""
+    return _interfered(ev) and not unchunked_interference(ev)
 
 
 def interference_line(ev: Evidence) -> str:
+    per = "per gap" if ev.get("gap_running_per_gap") else "per stream"
     return (
         f"{_n((ev.get('slow_gap_prefill_overlap') or 0) * 100, '%', 0)} of the {ev.get('slow_gaps', 'n/a')} gaps over "
         f"the threshold ended while another request's prefill ran on the same engine (prompts of "
         f"{_n(ev.get('overlap_prompt_tokens'), nd=0)} tokens on average), vs "
         f"{_n((ev.get('normal_gap_prefill_overlap') or 0) * 100, '%', 0)} of the gaps at or under the median; a slow "
-        f"gap is {_n((ev.get('slow_gap_to_prefill') or 0) * 100, '%', 0)} of the prefill it overlaps"
+        f"gap is {_n((ev.get('slow_gap_to_prefill') or 0) * 100, '%', 0)} of the prefill it overlaps, and the "
+        f"prefills add {_n((ev.get('slow_gap_prefill_excess') or 0) * 100, '%', 0)} of the slow gaps' time over the "
+        f"gaps at the same running batch ({per}) beside no prefill "
+        f"({_n((ev.get('slow_gap_matched_share') or 0) * 100, '%', 0)} of the slow gaps matched): the prefills, not "
+        "the batch, make these steps slow"
     )
 
 
@@ -213,8 +258,8 @@ def chunked_why(ev: Evidence, stage_line: str) -> str:
 
 def separate_why(ev: Evidence, stage_line: str) -> str:
     return (
-        f"{stage_line}; {interference_line(ev)}: prefills of other requests, already chunked, still share "
-        "the decode steps (vLLM's docs: prefill jobs inserted during a request's decoding raise tail ITL). "
+        f"{stage_line}; {interference_line(ev)}. Prefills of other requests ({_why_not_chunking(ev)}) still "
+        "share the decode steps (vLLM's docs: prefill jobs inserted during a request's decoding raise tail ITL). "
         "Serve prefill and decode on separate pools (disaggregated serving: vLLM --kv-transfer-config with a "
         "KV connector; SGLang --disaggregation-mode prefill|decode): decode steps then carry no prompt. It "
         "costs a second pool and a KV-cache transfer per request (TTFT pays it), and does not add throughput: "

@@ -60,12 +60,19 @@ def test_the_rationales_cite_what_was_measured() -> None:
     ev, why = rep["evidence"], rep["levers"][0]["rationale"]
     assert ev["slow_gap_prefill_overlap"] >= 0.9 and ev["normal_gap_prefill_overlap"] < 0.3
     assert ev["slow_gap_to_prefill"] < 0.2  # chunked: a slow gap is a fraction of the prefill beside it
+    # the prefills are most of the slow gaps' time against same-batch gaps beside none (each gap's batch)
+    assert ev["slow_gap_prefill_excess"] >= 0.6 and ev["slow_gap_matched_share"] >= 0.9
+    assert ev["gap_running_per_gap"] is True
+    assert (f"the prefills add {ev['slow_gap_prefill_excess']:.0%} of the slow gaps' time over the gaps at the same "
+            "running batch (per gap)") in why
+    assert "(already chunked: a slow gap is a fraction of the prefill)" in why
     assert f"{ev['slow_gap_prefill_overlap']:.0%}" in why and "--kv-transfer-config" in why
     assert "--disaggregation-mode" in why and "chunk budget" in why
     # unchunked, the same interference gets the cheaper lever first
     _, rep = _incident("llm-prefill-interference-unchunked")
-    assert rep["evidence"]["slow_gap_to_prefill"] >= 0.9
+    assert rep["evidence"]["slow_gap_to_prefill"] >= 0.9 and rep["evidence"]["slow_gap_prefill_excess"] >= 0.8
     assert "Enable chunked prefill first" in rep["levers"][0]["rationale"]
+    assert f"the prefills add {rep['evidence']['slow_gap_prefill_excess']:.0%}" in rep["levers"][0]["rationale"]
     _, rep = _incident("llm-long-contexts")
     ev = rep["evidence"]
     assert ev["long_prompt_share_tail"] >= 0.9
@@ -94,6 +101,85 @@ def test_chunked_prefill_needs_prompts_longer_than_a_chunk() -> None:
     assert rep["evidence"]["slow_gap_to_prefill"] >= 0.9  # the gaps still cover whole prefills
     assert rep["evidence"]["slow_gap_chunkable_share"] == 0.0
     assert N.LEVER_CHUNKED_PREFILL not in {lv["lever"] for lv in rep["levers"]}, rep["levers"]
+
+
+def _old_interference_conditions(ev: dict[str, Any]) -> bool:
+    """The separate-prefill-decode condition before the matched excess: slow gaps overlap a prefill
+    (0.6, twice the normal gaps' share), each a fraction (under half) of the prefill it overlaps."""
+    slow, normal, ratio = (ev[k] for k in ("slow_gap_prefill_overlap", "normal_gap_prefill_overlap",
+                                           "slow_gap_to_prefill"))  # fmt: skip
+    return slow >= 0.6 and slow >= 2 * normal and ratio < 0.5
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_short_prompts_beside_a_large_batch_are_not_prefill_interference(seed: int) -> None:
+    """The SIMULATED engine with short prompts (8-32 tokens, ~2 ms of a step) arriving in groups beside
+    a running batch that costs 1 ms per stream: slow gaps overlap the groups' prefills and are a fraction
+    of each prefill window (it holds the wait for its step), as in llama.cpp's many-slots run, but the
+    steps are slow for the batch they carry. Overlap alone named separate prefill and decode pools; the
+    gaps at the same running batch beside no prefill are as slow, so the batch's lever is chosen."""
+    inc, rep = _incident("llm-short-prompts-large-batch", seed=seed)
+    ev = rep["evidence"]
+    assert rep["status"] == N.STATUS_BREACHED
+    assert _old_interference_conditions(ev), ev  # what fired before
+    assert ev["overlap_prompt_tokens"] <= 32 and ev["slow_gap_chunkable_share"] == 0.0
+    assert ev["slow_gap_prefill_excess"] < 0.2 and ev["slow_gap_matched_share"] >= 0.6
+    assert rep["verdict"] == {"stage": N.STAGE_DECODE, "lever": N.LEVER_REDUCE_BATCH_TOKENS}, rep["levers"]
+    named = _levers(rep)
+    assert N.LEVER_SEPARATE_PREFILL_DECODE not in named and N.LEVER_CHUNKED_PREFILL not in named
+    assert ev["batch_slope_ms"] == pytest.approx(W.PHYSICS_VARIANTS[inc.data.scenario.name][1].per_seq_ms, rel=0.15)
+
+
+def test_prompts_of_one_chunk_that_double_the_step_get_separate_pools() -> None:
+    """Prompts of at most one chunk (150-256 tokens) that double the steps they ride in: chunking cannot
+    split them (the chunked-prefill rule stays off), the matched excess says the prefills are most of the
+    slow gaps, so separate prefill and decode pools, the rationale saying why not chunking, and the
+    prediction near the generator's gaps without the prompts' cost."""
+    inc, rep = _incident("llm-chunk-sized-prompts")
+    ev = rep["evidence"]
+    assert ev["slow_gap_to_prefill"] >= 0.9 and ev["slow_gap_chunkable_share"] == 0.0  # one step each
+    assert ev["slow_gap_prefill_excess"] >= 0.6
+    assert rep["verdict"] == {"stage": N.STAGE_DECODE, "lever": N.LEVER_SEPARATE_PREFILL_DECODE}, rep["levers"]
+    why = rep["levers"][0]["rationale"]
+    assert "(only 0% of the slow gaps beside a prompt longer than one 256-token chunk" in why
+    assert N.LEVER_CHUNKED_PREFILL not in _levers(rep)
+    assert rep["levers"][0]["predicted_p99_ms"] == pytest.approx(inc.true_quantile(), rel=0.10)
+
+
+def test_the_running_batch_is_matched_per_stream_and_unknown_claims_no_interference() -> None:
+    """Without per-gap running batches the stream's mean batch is matched on (the reference service
+    records only that) and the interference incident keeps its lever; with no running batch at all the
+    prefill's cost cannot be told from the batch's, and no interference is claimed."""
+    inc, _ = _incident("llm-prefill-interference")
+    gaps = {k: v for k, v in inc.data.gaps.items() if k != "running"}
+    con = duckdb.connect()
+    S.to_tables(con, dataclasses.replace(inc.data, gaps=gaps))
+    rep = analyze(con, inc.slo)
+    assert rep["evidence"]["gap_running_per_gap"] is False and rep["evidence"]["slow_gap_prefill_excess"] >= 0.5
+    assert rep["verdict"]["lever"] == N.LEVER_SEPARATE_PREFILL_DECODE
+    assert "(per stream)" in rep["levers"][0]["rationale"]
+    req = {k: v for k, v in inc.data.requests.items() if k != "batch_size"}  # no batch recorded
+    S.to_tables(con, dataclasses.replace(inc.data, gaps=gaps, requests=req, metrics=[]))
+    rep = analyze(con, inc.slo)
+    assert rep["evidence"]["slow_gap_prefill_overlap"] >= 0.9  # the overlap is still there ...
+    assert rep["evidence"]["slow_gap_prefill_excess"] is None  # ... but not what it costs
+    assert N.LEVER_SEPARATE_PREFILL_DECODE not in _levers(rep)
+
+
+def test_per_gap_running_batches_are_read_from_otlp_spans(tmp_path: Path) -> None:
+    from stagescope.analysis.ingest import load_dataset
+
+    inc = W.generate("llm-short-prompts-large-batch", 900, seed=4, duration_s=72.0)
+    traces = tmp_path / "t.jsonl"
+    S.write_otlp(inc.data, traces)
+    ds = load_dataset(traces=[traces])
+    try:
+        rep = analyze(ds, inc.slo)
+    finally:
+        ds.close()
+    ev = rep["evidence"]
+    assert ev["gap_running_per_gap"] is True and ev["slow_gap_prefill_excess"] < 0.2
+    assert rep["verdict"] == {"stage": N.STAGE_DECODE, "lever": N.LEVER_REDUCE_BATCH_TOKENS}
 
 
 def test_cascade_follows_a_rejected_quantize_with_the_measured_escalation_rate() -> None:
