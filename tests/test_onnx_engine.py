@@ -148,18 +148,26 @@ def test_slow_compute_is_found_on_the_real_model_and_int8_applied(tmp_path: Path
 
 @pytest.mark.slow
 def test_int8_over_a_tight_quality_budget_is_not_acceptable(tmp_path: Path, artifacts: M.Artifacts) -> None:
-    """slow-compute-strict allows 0 points: the real INT8 model's measured drop breaks it."""
+    """slow-compute-strict allows 0 points: where the real INT8 model's measured drop breaks it, quantize
+    is not acceptable and compile-runtime is recommended. Whether INT8 costs this model any eval image
+    depends on the machine and the library versions the model was trained with (0.22 points on one
+    machine; 0 on 2026-12-02's, scikit-learn 1.9.1 and onnxruntime 1.32.0, not one of 450 predictions
+    changed): where it costs none, the gate must let quantize through (0 <= 0), the verdict follows the
+    measured drop, never the scenario's expectation."""
     acc = artifacts.manifest["eval_accuracy"]
     drop = round((acc["fp32"] - acc["int8"]) * 100, 4)
-    assert drop > 0, f"INT8 costs this model {drop} points on this machine: the strict budget has nothing to gate"
     out = tmp_path / "strict"
     proc = _demo(out, "--scenario", "slow-compute-strict", "--duration", "10")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["breached"] and report["slo"]["quality_budget"] == 0.0
     q = next(lv for lv in report["levers"] if lv["lever"] == N.LEVER_QUANTIZE)
-    assert q["acceptable"] is False and q["rationale"].startswith("not acceptable")
     assert q["quality"]["drop_points"] == pytest.approx(drop, abs=1e-3) and q["predicted_p99_ms"] is not None
+    if drop <= 0:  # INT8 costs this model nothing here: within a 0-point budget
+        assert q["acceptable"] is True, q["rationale"]
+        assert report["verdict"] == {"stage": N.STAGE_COMPUTE, "lever": N.LEVER_QUANTIZE}
+        return
+    assert q["acceptable"] is False and q["rationale"].startswith("not acceptable")
     assert report["verdict"] == {"stage": N.STAGE_COMPUTE, "lever": N.LEVER_COMPILE_RUNTIME}
     cr = next(lv for lv in report["levers"] if lv["lever"] == N.LEVER_COMPILE_RUNTIME)
     assert "that the service measured" in cr["rationale"]
