@@ -867,6 +867,12 @@ SEVERITY_PAGE: Final = "page"
 SEVERITY_TICKET: Final = "ticket"
 
 
+#: What a server span records in place of a request's query string unless queries are recorded
+#: (``instrument_app(record_query=True)`` or ENV_RECORD_QUERY): ``url.query`` is this and ``http.url``
+#: ends ``?`` + this. OpenTelemetry's HTTP conventions replace a redacted value with the same word.
+QUERY_REDACTED: Final = "REDACTED"
+
+
 # --------------------------------------------------------------------------------------------------
 # Environment variables (explicit argument first, then these, then defaults).
 # --------------------------------------------------------------------------------------------------
@@ -883,5 +889,8 @@ ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
 #: (their timestamps are on the server's steady clock; see analysis/ingest/triton_file.py).
 ENV_TRITON_CLOCK_OFFSET_NS: Final = "STAGESCOPE_TRITON_CLOCK_OFFSET_NS"
 ENV_MAX_CUSTOM_STAGES: Final = "STAGESCOPE_MAX_CUSTOM_STAGES"
+#: ``1``/``true``/``yes``/``on`` records a request's query string on its server span (``http.url``,
+#: ``url.query``); by default it is replaced by QUERY_REDACTED, since a GET query can carry user text.
+ENV_RECORD_QUERY: Final = "STAGESCOPE_RECORD_QUERY"
 
 __all__ = sorted(name for name in dir() if name.isupper())
