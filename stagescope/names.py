@@ -426,6 +426,9 @@ METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; mo
 METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
 METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
 METRIC_STAGES_FOLDED: Final = "stagescope_stages_folded_total"  # counter: stage intervals past the name cap
+#: counter: stage()/add_stage() calls whose kind was not the one recorded (not one of KINDS, or not the
+#: name's kind in this process); recorded anyway, so the request goes on (instrumentation/stagenames.py)
+METRIC_STAGE_KIND_ERRORS: Final = "stagescope_stage_kind_errors_total"
 # What a model-changing lever would do, measured by the service when it loads (service/variants.py):
 # labels model, variant (VARIANT_SERVING or the lever's name) and, for batch times, rows.
 METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
