@@ -36,6 +36,11 @@ What it installs:
   requests answered so far is written or sent, for at most ``shutdown_timeout_s`` (argument, else
   ``$STAGESCOPE_SHUTDOWN_TIMEOUT_S``, else 5 s); what is left then is counted (``reason="shutdown"``)
   and logged once (see :mod:`stagescope.instrumentation.lifecycle`);
+* query strings: not recorded unless ``record_query`` (argument, else ``$STAGESCOPE_RECORD_QUERY``, else
+  False): a GET query can hold a prompt, so ``url.query`` is ``REDACTED`` and ``http.url`` ends
+  ``?REDACTED``, on stagescope's server spans and, in otel-fastapi mode, on the stock instrumentor's
+  (a ``server_request_hook`` stagescope adds before the user's; see
+  :mod:`~stagescope.instrumentation.tracing`);
 * with ``max_custom_stages``, the process's cap of a team's own stage names (else
   ``$STAGESCOPE_MAX_CUSTOM_STAGES``, else 32; see :mod:`~stagescope.instrumentation.stagenames`).
 
@@ -84,7 +89,7 @@ from stagescope.instrumentation.sampling import SamplingPolicy
 from stagescope.instrumentation.sink import JsonLinesSpanExporter
 from stagescope.instrumentation.spanqueue import QueuedSpanExporter
 from stagescope.instrumentation.stagenames import configure as configure_stage_names
-from stagescope.instrumentation.tracing import SpanBuilder
+from stagescope.instrumentation.tracing import SpanBuilder, http_server_attributes, resolve_record_query
 from stagescope.names import (
     DROP_SHUTDOWN,
     ENV_INSTRUMENTATION_MODE,
@@ -228,17 +233,20 @@ def instrument_app(
     otel_fastapi_options: Mapping[str, Any] | None = None,
     shutdown_timeout_s: float | None = None,
     max_custom_stages: int | None = None,
+    record_query: bool | None = None,
 ) -> Instrumentation:
     """Instrument ``app``; see the module docstring. ``mode``: argument, ``$STAGESCOPE_INSTRUMENTATION_MODE``,
     ``"fast"``. ``models``: argument, ``$STAGESCOPE_MODELS``. ``record_hook(record)`` runs once per finished
     request before publishing (add attributes); its failures are logged once and never reach the request.
     ``shutdown_timeout_s``: argument, ``$STAGESCOPE_SHUTDOWN_TIMEOUT_S``, 5 s (seconds a graceful stop may
-    spend exporting what is queued)."""
+    spend exporting what is queued). ``record_query``: argument, ``$STAGESCOPE_RECORD_QUERY``, False (record
+    request query strings on server spans; off, they read ``REDACTED``)."""
     existing = getattr(app, _ATTR, None)
     if existing is not None:
         return existing
     mode = _resolve_mode(mode)
     shutdown_timeout = resolve_shutdown_timeout(shutdown_timeout_s)
+    record_query = resolve_record_query(record_query)
     configure_stage_names(max_custom_stages)
     if models is None and os.environ.get(ENV_MODELS, "").strip():
         models = [m.strip() for m in os.environ[ENV_MODELS].split(",") if m.strip()]
@@ -285,7 +293,7 @@ def instrument_app(
         )
 
     resource = getattr(provider, "resource", None) or Resource.create({"service.name": service_name})
-    builder = SpanBuilder(resource, fold_model=metrics.fold_model)
+    builder = SpanBuilder(resource, fold_model=metrics.fold_model, record_query=record_query)
     pipeline: SpanPipeline | None = None
     if provider is not None and hasattr(provider, "_active_span_processor"):
         if owns_provider and exporter is not None:  # straight to our exporter
@@ -322,6 +330,8 @@ def instrument_app(
         for key, value in (otel_fastapi_options or {}).items():  # user hooks can never fail a request
             options[key] = _guarded_hook(key, value) if key.endswith("_hook") and callable(value) else value
         excluded = options.pop("excluded_urls", None)
+        if not record_query:  # the stock span records the query: replace it as stagescope's own span does
+            options["server_request_hook"] = _redact_query_hook(builder.semconv, options.get("server_request_hook"))
         FastAPIInstrumentor.instrument_app(  # the user's provider if they have one, as the stock default
             app,
             tracer_provider=tracer_provider or user_provider or provider,
@@ -363,6 +373,28 @@ def _guarded_hook(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
             return None
 
     return guarded
+
+
+def _redact_query_hook(semconv: str, user_hook: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A ``server_request_hook`` for the stock instrumentor: the span's ``http.url`` / ``url.query`` (set
+    from the raw query as the span started) become what :func:`http_server_attributes` gives without
+    the query, then the user's own hook runs (guarded on its own: a failure of either is logged once)."""
+
+    def redact(span: Any, scope: Any) -> None:
+        if scope.get("query_string") and span.is_recording():
+            ours = http_server_attributes(scope, None, None, semconv, record_query=False)
+            present = getattr(span, "attributes", None)  # an SDK span's; only replace what it has
+            keys = [k for k in ("http.url", "url.query") if k in ours and (present is None or k in present)]
+            span.set_attributes({k: ours[k] for k in keys})
+
+    guarded = _guarded_hook("redacting the query string", redact)
+
+    def hook(span: Any, scope: Any) -> None:
+        guarded(span, scope)
+        if user_hook is not None:
+            user_hook(span, scope)
+
+    return hook
 
 
 def _has_local_destination(spans_dir: object) -> bool:

@@ -130,7 +130,13 @@ class Instruments:
         self.folded = Counter(
             names.METRIC_STAGES_FOLDED,
             f"Stage intervals recorded as stage {names.STAGE_OVERFLOW!r}: the process had reached its cap "
-            "of custom stage names.",
+            "of custom stage names, or the name was not one stagescope can record.",
+            registry=r,
+        )
+        self.kind_errors = Counter(
+            names.METRIC_STAGE_KIND_ERRORS,
+            "Stage calls given a kind that was not recorded (not a stagescope kind, or not the kind the "
+            "name has in this process); the stage is recorded with the name's kind, else 'unknown'.",
             registry=r,
         )
         self.batch = hist(names.METRIC_BATCH_SIZE, "Items per executed batch.", (m,))
@@ -191,7 +197,7 @@ class Instruments:
         self.collectors: tuple[Any, ...] = (
             self.request, self.stage, self.batch, self.genai_request, self.ttft, self.tpot, self.itl,
             self.queue_depth, self.inflight, self.shed, self.exported, self.dropped, self.loads,
-            self.ready, self.busy, self.folded,
+            self.ready, self.busy, self.folded, self.kind_errors,
         )  # fmt: skip
         for family in (self.request, self.stage, self.inflight):
             if isinstance(family, _Flushing):

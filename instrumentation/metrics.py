@@ -319,6 +319,10 @@ class StageMetrics:
             return _Observer(_CountingChild(child, self._i.folded))  # no _add_sum: its observe runs
         return _Observer(child)
 
+    def stage_kind_error(self) -> None:
+        """A stage call whose kind was not recorded (see :mod:`~stagescope.instrumentation.stagenames`)."""
+        self._i.kind_errors.inc()
+
     def request_shed(self, route: str, model: str | None = None) -> None:
         """Count a request shed outside the middleware's view (429s that pass through
         :meth:`request_finished` are already counted there: do not call both for one request)."""

@@ -59,8 +59,10 @@ def to_wall_ns(mono_ns: int) -> int:
 
 def validate_stage(name: str, kind: str | None = None) -> str:
     """The name a stage called ``name`` (of ``kind``) is recorded under: ``name`` itself, or the
-    overflow name past the process's cap of custom names; ``ValueError`` for a bad name or kind."""
-    return resolve_stage(name, kind)[0]
+    overflow name past the process's cap of custom names; ``ValueError`` for a bad name or kind. Call it
+    where a stage is declared (at import, at start-up) to fail fast: ``stage()`` and ``add_stage`` never
+    raise on the request path, they record a bad stage anyway and log it once."""
+    return _stagenames.stage_names().resolve(name, kind)[0]
 
 
 @dataclass(slots=True)
@@ -176,7 +178,10 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     (a label value: letters, digits, ``_ . : -``); ``kind``: what the time is, one of ``names.KINDS``
     (fetch, cpu, batch_wait, queue, compute, prefill, decode, network, egress, cold_start); it
     decides which levers the analysis considers. A custom name without a kind is recorded with kind
-    ``unknown``. A bad name or kind raises ``ValueError`` at the call; past the process's cap of
+    ``unknown``. A bad name or kind never fails the request: the stage is recorded anyway (a kind
+    outside the list as the name's kind, else ``unknown``; a bad name as ``names.STAGE_OVERFLOW``),
+    logged once and counted (:mod:`~stagescope.instrumentation.stagenames`); :func:`validate_stage`
+    raises ``ValueError`` for them, for a check where stages are declared. Past the process's cap of
     custom names (``STAGESCOPE_MAX_CUSTOM_STAGES``, default 32) new names are recorded as
     ``names.STAGE_OVERFLOW``. Outside a request nothing is recorded. The interval is recorded even
     when the block raises.
@@ -186,7 +191,10 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
 
     def __init__(self, name: str, kind: str | None = None) -> None:
         registry = _stagenames._NAMES  # resolve_stage's cache read here: a stage() per block is common
-        got = registry._cache.get((name, kind)) if registry is not None else None
+        try:
+            got = registry._cache.get((name, kind)) if registry is not None else None
+        except TypeError:  # an unhashable name or kind: resolve_stage records it anyway
+            got = None
         self.name, self.kind = got if got is not None else resolve_stage(name, kind)
         self._record: RequestRecord | None = None  # set by __enter__, with _start
 

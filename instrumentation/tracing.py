@@ -13,6 +13,15 @@ convention attributes that instrumentation gives (old names by default, new or b
 ``OTEL_SEMCONV_STABILITY_OPT_IN=http`` / ``http/dup``), plus one INTERNAL child span per stage
 interval named after the stage, with ``stagescope.stage`` (its name) and ``stagescope.stage.kind`` (its
 kind). Times: the record's monotonic readings through ``to_wall_ns``.
+
+**Query strings are not recorded by default.** A GET query can carry what a user typed (a prompt in
+``?q=...``), and the rule is that no prompt or completion content is recorded unless asked for. So
+``url.query`` is :data:`~stagescope.names.QUERY_REDACTED` and ``http.url`` ends ``?REDACTED`` when the
+request had a query (``http.target`` and ``url.path`` are the path alone, as in the stock
+instrumentation; the analysis groups by the route template, which has no query). With
+``record_query=True`` (``instrument_app(record_query=True)`` or ``STAGESCOPE_RECORD_QUERY=1``) the query
+is recorded as opentelemetry-instrumentation-asgi records it (credentials and the signature parameters
+OTel's ``redact_url`` knows masked in ``http.url``).
 """
 
 from __future__ import annotations
@@ -47,8 +56,10 @@ from stagescope.names import (
     ATTR_STAGE,
     ATTR_STAGE_KIND,
     ATTR_TOKEN_GAPS,
+    ENV_RECORD_QUERY,
     GENAI_USAGE_INPUT_TOKENS,
     GENAI_USAGE_OUTPUT_TOKENS,
+    QUERY_REDACTED,
     VLLM_ATTR_E2E,
     VLLM_ATTR_TTFT,
 )
@@ -60,6 +71,7 @@ __all__ = [
     "http_server_attributes",
     "new_span_id",
     "new_trace_id",
+    "resolve_record_query",
     "semconv_mode",
 ]
 
@@ -150,6 +162,26 @@ def semconv_mode() -> str:
     return "old"
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def resolve_record_query(value: bool | None = None) -> bool:
+    """Whether server spans record request query strings: ``value``, else ``$STAGESCOPE_RECORD_QUERY``
+    (``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``), else False. Anything else raises
+    ``ValueError`` naming the variable (when the app is instrumented, not on a request)."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise ValueError(f"record_query must be True or False, got {value!r}")
+        return value
+    raw = os.environ.get(ENV_RECORD_QUERY, "").strip()
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"environment variable {ENV_RECORD_QUERY}={raw!r} is not one of 1, true, yes, on, 0, false, no, off")
+
+
 def _header(scope: MutableMapping[str, Any], name: bytes) -> list[str]:
     return [v.decode("latin-1") for k, v in scope.get("headers") or () if k.lower() == name]
 
@@ -172,9 +204,15 @@ def _optional_util() -> tuple[Callable[[str], str], Callable[[str | None], str |
 
 
 def http_server_attributes(
-    scope: MutableMapping[str, Any], route: str | None, status: int | None, mode: str
+    scope: MutableMapping[str, Any],
+    route: str | None,
+    status: int | None,
+    mode: str,
+    *,
+    record_query: bool = False,
 ) -> dict[str, Any]:
-    """The HTTP attributes opentelemetry-instrumentation-asgi puts on a server span, from the scope."""
+    """The HTTP attributes opentelemetry-instrumentation-asgi puts on a server span, from the scope;
+    without ``record_query`` a query string is recorded as :data:`~stagescope.names.QUERY_REDACTED`."""
     old, new = mode in ("old", "dup"), mode in ("new", "dup")
     redact_url, synthetic = _optional_util()
     out: dict[str, Any] = {}
@@ -187,6 +225,8 @@ def http_server_attributes(
     path = scope.get("path") or ""
     qs_raw = scope.get("query_string") or b""
     query = qs_raw.decode("utf8") if isinstance(qs_raw, bytes) else str(qs_raw)
+    if query and not record_query:
+        query = QUERY_REDACTED
     url = scheme + "://" + url_host + path + ("?" + unquote(query) if query else "")
     if scope.get("scheme"):
         _put(out, old, new, "http.scheme", "url.scheme", scheme)
@@ -260,10 +300,12 @@ class SpanBuilder:
         *,
         fold_model: Callable[[str], str] | None = None,
         semconv: str | None = None,
+        record_query: bool = False,
     ) -> None:
         self.resource = resource
         self.scope = InstrumentationScope("stagescope", __version__)
         self.semconv = semconv or semconv_mode()
+        self.record_query = record_query
         self._fold = fold_model or (lambda m: m)
 
     def stagescope_attributes(self, rec: TracedRecord) -> dict[str, Any]:
@@ -308,7 +350,9 @@ class SpanBuilder:
         name = f"{method} {route}" if route else method
         attrs: dict[str, Any] = {}
         if rec.scope is not None:
-            attrs = http_server_attributes(rec.scope, route, rec.status_code, self.semconv)
+            attrs = http_server_attributes(
+                rec.scope, route, rec.status_code, self.semconv, record_query=self.record_query
+            )
         http_error = attrs.get(ATTR_ERROR_TYPE)
         attrs.update(self.stagescope_attributes(rec))
         if http_error is not None:  # new HTTP semconv: the status code wins, as in the stock instrumentor

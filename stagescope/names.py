@@ -426,6 +426,9 @@ METRIC_MODEL_LOADS: Final = "stagescope_model_loads_total"  # counter: model; mo
 METRIC_MODEL_READY: Final = "stagescope_model_ready"  # gauge: model; 1 when the model is loaded
 METRIC_EXECUTOR_BUSY: Final = "stagescope_executor_busy_seconds_total"  # counter: model; executor busy time
 METRIC_STAGES_FOLDED: Final = "stagescope_stages_folded_total"  # counter: stage intervals past the name cap
+#: counter: stage()/add_stage() calls whose kind was not the one recorded (not one of KINDS, or not the
+#: name's kind in this process); recorded anyway, so the request goes on (instrumentation/stagenames.py)
+METRIC_STAGE_KIND_ERRORS: Final = "stagescope_stage_kind_errors_total"
 # What a model-changing lever would do, measured by the service when it loads (service/variants.py):
 # labels model, variant (VARIANT_SERVING or the lever's name) and, for batch times, rows.
 METRIC_MODEL_EVAL_ACCURACY: Final = "stagescope_model_eval_accuracy_ratio"  # gauge: share of eval set right
@@ -867,6 +870,12 @@ SEVERITY_PAGE: Final = "page"
 SEVERITY_TICKET: Final = "ticket"
 
 
+#: What a server span records in place of a request's query string unless queries are recorded
+#: (``instrument_app(record_query=True)`` or ENV_RECORD_QUERY): ``url.query`` is this and ``http.url``
+#: ends ``?`` + this. OpenTelemetry's HTTP conventions replace a redacted value with the same word.
+QUERY_REDACTED: Final = "REDACTED"
+
+
 # --------------------------------------------------------------------------------------------------
 # Environment variables (explicit argument first, then these, then defaults).
 # --------------------------------------------------------------------------------------------------
@@ -883,5 +892,8 @@ ENV_SHUTDOWN_TIMEOUT_S: Final = "STAGESCOPE_SHUTDOWN_TIMEOUT_S"
 #: (their timestamps are on the server's steady clock; see analysis/ingest/triton_file.py).
 ENV_TRITON_CLOCK_OFFSET_NS: Final = "STAGESCOPE_TRITON_CLOCK_OFFSET_NS"
 ENV_MAX_CUSTOM_STAGES: Final = "STAGESCOPE_MAX_CUSTOM_STAGES"
+#: ``1``/``true``/``yes``/``on`` records a request's query string on its server span (``http.url``,
+#: ``url.query``); by default it is replaced by QUERY_REDACTED, since a GET query can carry user text.
+ENV_RECORD_QUERY: Final = "STAGESCOPE_RECORD_QUERY"
 
 __all__ = sorted(name for name in dir() if name.isupper())

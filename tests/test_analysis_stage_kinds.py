@@ -212,6 +212,30 @@ def test_a_non_string_stage_value_is_a_warning_naming_the_file(
     assert warns[0] in rep["warnings"]
 
 
+@pytest.mark.parametrize(("value", "described"), BAD_VALUES)
+def test_a_non_string_route_is_a_warning_naming_the_file_and_the_request_is_kept(
+    tmp_path: Path, value: Any, described: str
+) -> None:
+    """An http.route that is no string (data from elsewhere) is not read as route "5": the request is
+    kept under the route its span name gives, and a warning names the file, as for stagescope.stage."""
+    path = tmp_path / "theirs.jsonl"
+    tid = f"{999_999:032x}"
+    root = SynthSpan(tid, f"{1:016x}", "POST /items/{id}", T0, T0 + 2 * 10**6, "", 2, {"http.route": value})
+    stage = SynthSpan(tid, f"{2:016x}", "tokenize", T0, T0 + 10**6, f"{1:016x}", KIND_INTERNAL,
+                      {names.ATTR_STAGE: "tokenize", names.ATTR_STAGE_KIND: "cpu"})  # fmt: skip
+    _incident(path, {"tokenize": "cpu", "retrieve": "fetch"}.get, n=40, extra=[root, stage])
+    with load_dataset(traces=[path]) as ds:
+        got = ds.con.execute("SELECT route FROM requests WHERE trace_id = ?", [tid]).fetchall()
+        routes = {r[0] for r in ds.con.execute("SELECT DISTINCT route FROM requests").fetchall()}
+        warns = [w for w in ds.warnings if "http.route" in w]
+        rep = analyze(ds, "p99<100ms")
+    assert got == [("POST /items/{id}",)]  # kept, under its span name, not str(value)
+    assert str(value) not in routes or str(value) == "POST /items/{id}"
+    assert len(warns) == 1 and warns[0].startswith(f"{path}: 1 spans whose http.route is not a non-empty string")
+    assert described in warns[0] and "kept" in warns[0]
+    assert warns[0] in rep["warnings"]
+
+
 def test_jaeger_stage_tags_of_other_types_are_named_too(tmp_path: Path) -> None:
     def span(sid: str, parent: str, name: str, start_us: int, dur_us: int, tags: list[dict[str, Any]]) -> Any:
         refs = [{"refType": "CHILD_OF", "traceID": "ab" * 8, "spanID": parent}] if parent else []

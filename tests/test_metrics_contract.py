@@ -37,6 +37,7 @@ EXPECTED = {
     "stagescope_model_ready": "gauge",
     "stagescope_executor_busy_seconds": "counter",
     "stagescope_stages_folded": "counter",
+    "stagescope_stage_kind_errors": "counter",
     "gen_ai_server_time_to_first_token_seconds": "histogram",
     "gen_ai_server_time_per_output_token_seconds": "histogram",
     "gen_ai_server_request_duration_seconds": "histogram",

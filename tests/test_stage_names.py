@@ -21,7 +21,12 @@ import stagescope
 from stagescope import names
 from stagescope.instrumentation import stagenames
 from stagescope.instrumentation.metrics import StageMetrics
-from stagescope.instrumentation.record import RequestRecord, reset_current_request, set_current_request
+from stagescope.instrumentation.record import (
+    RequestRecord,
+    reset_current_request,
+    set_current_request,
+    validate_stage,
+)
 from stagescope.instrumentation.stagenames import StageNames
 
 
@@ -62,7 +67,9 @@ def test_any_name_with_a_kind_is_recorded_with_that_kind() -> None:
 )
 def test_bad_names_are_programmer_errors(bad: object) -> None:
     with pytest.raises(ValueError, match=r"stage name|a stage name is a string"):
-        stagescope.stage(bad)  # type: ignore[arg-type]
+        validate_stage(bad)  # type: ignore[arg-type]
+    # on the request path the stage is recorded anyway, folded into the overflow name
+    assert (stagescope.stage(bad).name, stagescope.stage(bad, kind="cpu").kind) == (names.STAGE_OVERFLOW, "cpu")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("good", ["a", "A9", "retrieve.v2", "safety-filter", "ns:stage", "x" * 64, "7b_decode"])
@@ -73,30 +80,34 @@ def test_label_shaped_names_are_accepted(good: str) -> None:
 @pytest.mark.parametrize("reserved", [names.UNATTRIBUTED, names.STAGE_OVERFLOW])
 def test_reserved_names_are_refused(reserved: str) -> None:
     with pytest.raises(ValueError, match="reserved"):
-        stagescope.stage(reserved, kind="cpu")
+        validate_stage(reserved, kind="cpu")
+    assert stagescope.stage(reserved, kind="cpu").name == names.STAGE_OVERFLOW
 
 
 @pytest.mark.parametrize("bad", ["gpu", "unknown", "Compute", "", "fetch,cpu"])
 def test_a_bad_kind_lists_the_kinds(bad: str) -> None:
     with pytest.raises(ValueError) as err:
-        stagescope.stage("rerank", kind=bad)
+        validate_stage("rerank", kind=bad)
     assert f"unknown stage kind {bad!r}" in str(err.value)
     assert ", ".join(names.KINDS) in str(err.value)
+    assert (stagescope.stage("rerank", kind=bad).kind, stagescope.stage("queue", kind=bad).kind) == ("unknown", "queue")
 
 
 def test_a_built_in_stage_implies_its_kind_and_refuses_another() -> None:
     assert stagescope.stage("queue").kind == "queue"
     assert stagescope.stage("preprocess", kind="cpu").kind == "cpu"
     with pytest.raises(ValueError, match="built in with kind 'queue'"):
-        stagescope.stage("queue", kind="compute")
+        validate_stage("queue", kind="compute")
+    assert stagescope.stage("queue", kind="compute").kind == "queue"  # the request path: the name's kind
 
 
 def test_one_kind_per_name_in_a_process() -> None:
     stagescope.stage("rerank", kind="compute")
     with pytest.raises(ValueError, match="already has kind 'compute'"):
-        stagescope.stage("rerank", kind="cpu")
+        validate_stage("rerank", kind="cpu")
     with pytest.raises(ValueError, match="already has kind 'compute'"):
-        stagescope.stage("rerank")
+        validate_stage("rerank")
+    assert stagescope.stage("rerank", kind="cpu").kind == stagescope.stage("rerank").kind == "compute"
 
 
 def test_a_custom_name_without_a_kind_is_unknown_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -211,3 +222,64 @@ def test_name_and_kind_reach_spans_and_metrics() -> None:
     assert stages == {"retrieve": "fetch", "rerank": "compute", "safety-filter": "unknown"}
     for stage, kind in stages.items():
         assert f'{names.METRIC_STAGE_DURATION}_count{{kind="{kind}",model="",stage="{stage}"}} 1.0' in text
+
+
+def test_a_stage_call_with_a_bad_kind_or_name_never_fails_the_request(caplog: pytest.LogCaptureFixture) -> None:
+    """A typo in a kind (or a name) is a programmer error, but a request must not get a 500 for its
+    telemetry: the stage runs, is recorded (kind unknown, or folded), warned about once per distinct
+    mistake with the kinds listed, and counted."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reg = CollectorRegistry()
+    app = FastAPI()
+    ran: list[str] = []
+
+    @app.get("/rank")
+    async def rank() -> dict[str, bool]:
+        with stagescope.stage("rerank", kind="comptue"):  # the typo
+            ran.append("rerank")
+        async with stagescope.stage("retrieve", kind="GPU"):
+            ran.append("retrieve")
+        with stagescope.stage("queue", kind="compute"):  # a built-in given another kind
+            ran.append("queue")
+        with stagescope.stage("re rank", kind="compute"):  # no label value
+            ran.append("re rank")
+        rec = stagescope.current_request()
+        assert rec is not None
+        rec.add_stage("tokenize", 0, 1, kind="cpus")
+        return {"ok": True}
+
+    handle = stagescope.instrument_app(
+        app, service_name="t", registry=reg, tracer_provider=provider, baseline_sample=1.0
+    )
+    n = 20
+    counted: list[float | None] = []
+
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            codes = [(await c.get("/rank")).status_code for _ in range(n)]
+            handle.force_flush(5)
+            counted.extend(reg.get_sample_value(m) for m in (names.METRIC_STAGE_KIND_ERRORS, names.METRIC_STAGES_FOLDED))
+            return codes
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="stagescope.instrumentation"):
+            codes = asyncio.run(go())
+    finally:
+        stagescope.uninstrument_app(app)
+    assert codes == [200] * n and len(ran) == 4 * n
+    stages = {
+        (s.attributes[names.ATTR_STAGE], s.attributes[names.ATTR_STAGE_KIND])
+        for s in exporter.get_finished_spans() if s.attributes and names.ATTR_STAGE in s.attributes
+    }  # fmt: skip
+    assert stages == {("rerank", "unknown"), ("retrieve", "unknown"), ("queue", "queue"),
+                      (names.STAGE_OVERFLOW, "compute"), ("tokenize", "unknown")}  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5, lines  # one per distinct mistake, not per request
+    for bad in ("'comptue'", "'GPU'", "'cpus'"):
+        (line,) = [x for x in lines if f"unknown stage kind {bad}" in x]
+        assert ", ".join(names.KINDS) in line and "recorded as kind 'unknown'" in line
+    assert any("built in with kind 'queue'" in x for x in lines)
+    assert any("'re rank'" in x and names.STAGE_OVERFLOW in x for x in lines)
+    assert counted == [4 * n, n]  # kind errors: three typos and the built-in; folded: the bad name's intervals

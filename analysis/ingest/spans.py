@@ -12,7 +12,10 @@ from them.
 ``stage`` holds ``stagescope.stage`` only where it is a non-empty string (any name: a team's own
 stages are stages of their own); where the attribute is there with another value (an integer, a
 boolean, a list, an empty string) ``stage`` is NULL and ``stage_invalid`` describes the value, so
-the ingest can name the file in a warning instead of analysing a made-up stage name.
+the ingest can name the file in a warning instead of analysing a made-up stage name. ``route`` and
+``route_invalid`` do the same for ``http.route`` (a route template is a string: an integer 5 is not
+route "5"); such a request is kept, with the route its span name gives (see
+:mod:`~stagescope.analysis.ingest.derive`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
     "stage_kind": ("VARCHAR", (names.ATTR_STAGE_KIND,)),
     "stage_invalid": ("VARCHAR", (names.ATTR_STAGE,)),
     "route": ("VARCHAR", ("http.route",)),
+    "route_invalid": ("VARCHAR", ("http.route",)),
     "http_status": ("BIGINT", ("http.response.status_code", "http.status_code")),
     "model": (
         "VARCHAR",
@@ -75,10 +79,10 @@ ATTR_COLUMNS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
 }
 
 #: Columns that hold their attribute only where it is a non-empty string (NULL for other values).
-STRING_ONLY: Final[frozenset[str]] = frozenset({"stage", "stage_kind"})
+STRING_ONLY: Final[frozenset[str]] = frozenset({"stage", "stage_kind", "route"})
 #: Columns that describe their attribute's value ("the integer 5", "an empty string") where it is
 #: present but not a non-empty string, and are NULL otherwise.
-INVALID_COLUMNS: Final[frozenset[str]] = frozenset({"stage_invalid"})
+INVALID_COLUMNS: Final[frozenset[str]] = frozenset({"stage_invalid", "route_invalid"})
 
 #: Column -> SQL type of the flat spans table, in order.
 SPAN_COLUMNS: Final[dict[str, str]] = {

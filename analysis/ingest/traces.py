@@ -76,6 +76,7 @@ class TraceLoader:
         #: per file: (spans with a stage value that is not a non-empty string, an example of one,
         #: stage spans with a kind outside the vocabulary, an example of one)
         self._stage_values: dict[str, tuple[int, str | None, int, str | None]] = {}
+        self._route_values: dict[str, tuple[int, str | None]] = {}  # spans with a non-string http.route
 
     # ---------------------------------------------------------------- public
     def load(self, paths: Sequence[str | Path]) -> None:
@@ -168,10 +169,12 @@ class TraceLoader:
         """Per file: spans, whether any carries stage information, spans with bad ids or times."""
         rows = self.con.execute(
             f"""SELECT file, count(*), {_STAGE_INFO}, count_if({_BAD_ROW}), count(stage_invalid),
-                       any_value(stage_invalid), count_if({_ODD_KIND}), any_value(stage_kind) FILTER ({_ODD_KIND})
+                       any_value(stage_invalid), count_if({_ODD_KIND}), any_value(stage_kind) FILTER ({_ODD_KIND}),
+                       count(route_invalid), any_value(route_invalid)
                 FROM spans GROUP BY file"""
         ).fetchall()
         self._stage_values = {r[0]: (int(r[4]), r[5], int(r[6]), r[7]) for r in rows}
+        self._route_values = {r[0]: (int(r[8]), r[9]) for r in rows}
         return {r[0]: (int(r[1]), bool(r[2]), int(r[3])) for r in rows}
 
     def _validate_rows(self, bad_files: dict[str, int]) -> None:
@@ -234,6 +237,13 @@ class TraceLoader:
                 self.warnings.append(
                     f"{s.path}: {invalid} spans whose {ATTR_STAGE} is not a non-empty string (e.g. {example}): "
                     "not read as stages, so their time counts as unattributed"
+                )
+            bad_routes, route_example = self._route_values.get(s.path, (0, None))
+            if bad_routes:
+                self.warnings.append(
+                    f"{s.path}: {bad_routes} spans whose http.route is not a non-empty string (e.g. "
+                    f"{route_example}): not read as a route; their requests are kept, with the route their "
+                    "span name gives"
                 )
             if odd:
                 self.warnings.append(
