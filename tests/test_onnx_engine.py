@@ -157,15 +157,18 @@ def test_int8_over_a_tight_quality_budget_is_not_acceptable(tmp_path: Path, arti
     acc = artifacts.manifest["eval_accuracy"]
     drop = round((acc["fp32"] - acc["int8"]) * 100, 4)
     out = tmp_path / "strict"
-    proc = _demo(out, "--scenario", "slow-compute-strict", "--duration", "10")
+    proc = _demo(out, "--scenario", "slow-compute-strict", "--duration", "10", *(["--apply-lever"] if drop <= 0 else []))
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["breached"] and report["slo"]["quality_budget"] == 0.0
     q = next(lv for lv in report["levers"] if lv["lever"] == N.LEVER_QUANTIZE)
     assert q["quality"]["drop_points"] == pytest.approx(drop, abs=1e-3) and q["predicted_p99_ms"] is not None
-    if drop <= 0:  # INT8 costs this model nothing here: within a 0-point budget
+    if drop <= 0:  # INT8 costs this model nothing here: within a 0-point budget, quantize is the truth
         assert q["acceptable"] is True, q["rationale"]
         assert report["verdict"] == {"stage": N.STAGE_COMPUTE, "lever": N.LEVER_QUANTIZE}
+        check = json.loads((out / "lever_check.json").read_text())  # the lever run served INT8
+        assert check["lever"] == N.LEVER_QUANTIZE and check["lever_settings"] == {"quantize": True}
+        assert check["accuracy_after"] == pytest.approx(acc["int8"], abs=1e-6)
         return
     assert q["acceptable"] is False and q["rationale"].startswith("not acceptable")
     assert report["verdict"] == {"stage": N.STAGE_COMPUTE, "lever": N.LEVER_COMPILE_RUNTIME}
