@@ -70,7 +70,8 @@ def _run(
     from stagescope.loadgen.display import LiveProgress
 
     eng = get_engine(engine)
-    sc, _ = apply_workload(eng.get_scenario(name), overrides)  # its rate as sized to the machine
+    # its truth as measured here (Engine.resolve) and its rate as sized to the machine
+    sc, _ = apply_workload(eng.resolve(eng.get_scenario(name)), overrides)
     ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
