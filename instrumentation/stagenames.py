@@ -134,20 +134,13 @@ class StageNames:
     def _resolve_new(self, name: str, kind: str | None, strict: bool = True) -> tuple[str, str]:
         problem = _kind_problem(kind)
         if problem is not None:
-            if strict:
-                raise ValueError(problem)
-            return self._lenient(name, kind, problem)
+            return self._reject(name, kind, problem, strict)
         builtin = N.STAGE_KINDS.get(name) if isinstance(name, str) else None
         if builtin is not None:  # only a conflicting kind reaches here
-            problem = f"stage {name!r} is built in with kind {builtin!r}; got kind={kind!r}"
-            if strict:
-                raise ValueError(problem)
-            return self._lenient(name, kind, problem)
+            return self._reject(name, kind, f"stage {name!r} is built in with kind {builtin!r}; got kind={kind!r}", strict)
         problem = _name_problem(name)
         if problem is not None:
-            if strict:
-                raise ValueError(problem)
-            return self._lenient(name, kind, problem)
+            return self._reject(name, kind, problem, strict)
         want = N.KIND_UNKNOWN if kind is None else kind
         with self._lock:
             have = self.custom.get(name)
@@ -173,10 +166,15 @@ class StageNames:
             if problem is None:
                 self._cache[(name, kind)] = out
         if problem is not None:  # _lenient takes the lock itself
-            if strict:
-                raise ValueError(problem)
-            return self._lenient(name, kind, problem)
+            return self._reject(name, kind, problem, strict)
         return out
+
+    def _reject(self, name: object, kind: object, problem: str, strict: bool) -> tuple[str, str]:
+        """A stage call with a programmer error in it: ``ValueError`` when ``strict``, else recorded anyway
+        (:meth:`_lenient`)."""
+        if strict:
+            raise ValueError(problem)
+        return self._lenient(name, kind, problem)
 
     def _admit(self, name: str, kind: str) -> tuple[str, str]:
         """A new custom name (under the lock): kept with ``kind`` while under the cap, else folded."""

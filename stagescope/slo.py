@@ -180,7 +180,7 @@ def parse_slo(spec: str) -> list[SLO]:
         digits = m["pct"]
         hint = (
             f" (the {digits[:2]}.{digits[2:]}th percentile is p{digits[:2]}.{digits[2:]})"
-            if "." not in digits and len(digits) > 2 and digits.startswith("99") and digits.strip("9") == ""
+            if len(digits) > 2 and set(digits) == {"9"}
             else ""
         )
         raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100{hint}")
