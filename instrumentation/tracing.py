@@ -63,6 +63,7 @@ from stagescope.names import (
     VLLM_ATTR_E2E,
     VLLM_ATTR_TTFT,
 )
+from stagescope.validate import parse_bool
 
 __all__ = [
     "MAX_TOKEN_GAPS",
@@ -162,10 +163,6 @@ def semconv_mode() -> str:
     return "old"
 
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
-
-
 def resolve_record_query(value: bool | None = None) -> bool:
     """Whether server spans record request query strings: ``value``, else ``$STAGESCOPE_RECORD_QUERY``
     (``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``), else False. Anything else raises
@@ -174,11 +171,10 @@ def resolve_record_query(value: bool | None = None) -> bool:
         if not isinstance(value, bool):
             raise ValueError(f"record_query must be True or False, got {value!r}")
         return value
-    raw = os.environ.get(ENV_RECORD_QUERY, "").strip()
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
+    raw = os.environ.get(ENV_RECORD_QUERY, "")
+    on = parse_bool(raw) if raw.strip() else False
+    if on is not None:
+        return on
     raise ValueError(f"environment variable {ENV_RECORD_QUERY}={raw!r} is not one of 1, true, yes, on, 0, false, no, off")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from stagescope.errors import UserError
-from stagescope.validate import check_number, check_text
+from stagescope.validate import check_number, check_text, parse_bool
 
 __all__ = [
     "BACKENDS",
@@ -237,13 +237,9 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
     if isinstance(typ, types.UnionType):  # not used today; keep str as the fallback
         typ = str
     if typ is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
+        on = parse_bool(value)
+        if on is not None:
+            return on
         raise UserError(f"setting {name}: expected true/false, got {value!r}")
     if typ is int:
         if isinstance(value, bool):

@@ -7,7 +7,7 @@ Two kinds of helpers, one rule each:
   options are parsed, before anything is read, bound or sent. They raise
   :class:`argparse.ArgumentTypeError`, which :class:`~stagescope.cli.OneLineParser` prints as one line
   (``stagescope load: error: argument --rate: ...``) with exit status 2.
-* **value checks** (:func:`check_number`, :func:`check_http_url`, :func:`check_text`): the same rules for
+* **value checks** (:func:`check_number`, :func:`check_http_url`, :func:`check_text`, :func:`parse_bool`): the same rules for
   values read from files, ``--set KEY=VALUE`` and the environment; they raise
   :class:`~stagescope.errors.UserError` (or ``ValueError`` where a library caller expects one).
 
@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from stagescope.errors import UserError
 
 __all__ = [
+    "BOOL_WORDS",
     "PORT_MAX",
     "check_bindable",
     "check_http_url",
@@ -39,6 +40,7 @@ __all__ = [
     "http_url",
     "integer",
     "number",
+    "parse_bool",
     "port",
     "readable_file",
     "route",
@@ -151,6 +153,20 @@ def port(*, allow_zero: bool = True) -> Callable[[str], int]:
 
     parse.__name__ = "port"
     return parse
+
+
+#: The words a yes/no setting or environment variable accepts (any case, spaces around ignored).
+BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_bool(value: Any) -> bool | None:
+    """``value`` as a yes/no: a ``bool`` as it is, one of :data:`BOOL_WORDS` as its meaning, anything
+    else ``None`` (the caller names the setting in its own error)."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, str | int):
+        return None
+    return BOOL_WORDS.get(str(value).strip().lower())
 
 
 def check_text(

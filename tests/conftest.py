@@ -16,6 +16,8 @@ asserts on a duration. ``tests/test_suite_split.py`` checks the list against the
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 #: test files (or ``file::function``) whose tests run on the xdist workers (all else is ``timing``)
@@ -82,3 +84,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         function = getattr(item, "originalname", None) or item.name
         if item.path.name not in PARALLEL_SAFE and f"{item.path.name}::{function}" not in PARALLEL_SAFE:
             item.add_marker(pytest.mark.timing)
+
+
+def _telemetry_env() -> frozenset[str]:
+    from stagescope import names
+
+    own = {v for k, v in vars(names).items() if k.startswith("ENV_") and isinstance(v, str)}
+    return frozenset(own | {"PROMETHEUS_MULTIPROC_DIR", "FASTAPI_OTEL_AUTO_CONFIGURE"})
+
+
+def telemetry_env_keys() -> list[str]:
+    """The variables set in this process that change what stagescope's or OpenTelemetry's telemetry
+    does: every ``names.ENV_*`` (the instrumentation's own), every ``OTEL_*``, Prometheus' multiprocess
+    folder, FastAPI's auto-configuration. ``STAGESCOPE_CACHE_DIR`` and the like stay."""
+    own = _telemetry_env()
+    return [k for k in os.environ if k.startswith("OTEL_") or k in own]
+
+
+@pytest.fixture
+def clean_telemetry_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test starts with none of :func:`telemetry_env_keys` set (whatever the shell that runs pytest
+    exports); a module opts in with ``pytestmark = pytest.mark.usefixtures("clean_telemetry_env")``."""
+    for key in telemetry_env_keys():
+        monkeypatch.delenv(key)

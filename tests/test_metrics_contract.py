@@ -48,15 +48,8 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 @pytest.fixture(autouse=True)
-def _keep_every_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+def _keep_every_trace(clean_telemetry_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
-    for key in (
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "STAGESCOPE_SPANS_DIR",
-        "STAGESCOPE_MODELS",
-        "PROMETHEUS_MULTIPROC_DIR",
-    ):
-        monkeypatch.delenv(key, raising=False)
 
 
 def _trace_ids_in(spans_dir: Path) -> set[str]:

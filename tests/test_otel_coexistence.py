@@ -39,6 +39,7 @@ from stagescope import names
 from stagescope.instrumentation.app import uninstrument_app
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
+from conftest import telemetry_env_keys
 from otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,11 +51,6 @@ USER_SPANS = ("user.lookup", "user.sync")
 #: fastapi's pyproject floor needs this starlette (fastapi 0.110.0: starlette>=0.36.3,<0.37)
 OLDEST_STARLETTE = "0.36.3"
 REQUESTS = 3
-ENV_CLEAR = (
-    "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SEMCONV_STABILITY_OPT_IN",
-    names.ENV_SPANS_DIR, names.ENV_SLOW_THRESHOLD_MS, names.ENV_BASELINE_SAMPLE, names.ENV_INSTRUMENTATION_MODE,
-    "FASTAPI_OTEL_AUTO_CONFIGURE",
-)  # fmt: skip
 
 
 def _oldest_fastapi() -> str:
@@ -100,7 +96,9 @@ def python(request: pytest.FixtureRequest) -> str:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ENV_CLEAR and not k.startswith("OTEL_")}
+    """A child process's environment: this one's without any telemetry variable (conftest's list)."""
+    drop = set(telemetry_env_keys())
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
@@ -151,9 +149,8 @@ def check_requests(spans: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ENV_CLEAR:
-        monkeypatch.delenv(key, raising=False)
+def _clean_env(clean_telemetry_env: None) -> None:
+    """Every test starts with none of stagescope's, OTel's or FastAPI's telemetry variables set (conftest)."""
 
 
 def merged(*exports: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -43,11 +43,8 @@ SPEC_TABLE = [
 
 
 @pytest.fixture(autouse=True)
-def _clean_sampler_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", names.ENV_SLOW_THRESHOLD_MS,
-                names.ENV_BASELINE_SAMPLE, names.ENV_BASELINE_MIN_PER_S, names.ENV_SPANS_DIR,
-                "OTEL_EXPORTER_OTLP_ENDPOINT"):  # fmt: skip
-        monkeypatch.delenv(key, raising=False)
+def _clean_sampler_env(clean_telemetry_env: None) -> None:
+    """Every test starts with none of the sampler's, sink's or OTel's variables set (conftest)."""
 
 
 @pytest.mark.parametrize(("p", "th"), SPEC_TABLE)

@@ -147,7 +147,7 @@ def test_outside_a_request_chunks_pass_through_and_early_close_closes_the_source
     assert len(rec.token_ns) == 3 and rec.output_tokens == 3
 
 
-def test_through_an_instrumented_fastapi_app(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_through_an_instrumented_fastapi_app(clean_telemetry_env: None) -> None:
     """The same accuracy end to end: real FastAPI StreamingResponse under instrument_app's middleware."""
     import httpx
     from fastapi import FastAPI
@@ -155,8 +155,6 @@ def test_through_an_instrumented_fastapi_app(monkeypatch: pytest.MonkeyPatch) ->
 
     import stagescope
 
-    for key in ("STAGESCOPE_SPANS_DIR", "OTEL_EXPORTER_OTLP_ENDPOINT", "STAGESCOPE_MODELS"):
-        monkeypatch.delenv(key, raising=False)
     emitted: list[int] = []
     records: list[RequestRecord] = []
     app = FastAPI()

@@ -84,3 +84,18 @@ def test_make_test_runs_both_halves() -> None:
     target = (TESTS.parent / "Makefile").read_text().split("\npytest:", 1)[1].split("\n\n", 1)[0]
     assert '-m "not timing" -n' in target and "--dist loadfile" in target, target
     assert "-m timing" in target, target
+
+
+def test_the_clean_telemetry_env_fixture_names_what_the_telemetry_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """conftest's ``clean_telemetry_env`` clears the instrumentation's own variables, every OTEL_* and
+    Prometheus' multiprocess folder; a cache folder or an unrelated variable stays."""
+    from conftest import telemetry_env_keys
+
+    from stagescope import names
+
+    for key in (names.ENV_SPANS_DIR, names.ENV_RECORD_QUERY, "OTEL_TRACES_SAMPLER", "PROMETHEUS_MULTIPROC_DIR"):
+        monkeypatch.setenv(key, "x")
+    monkeypatch.setenv("STAGESCOPE_CACHE_DIR", "/tmp/cache")
+    keys = set(telemetry_env_keys())
+    assert {names.ENV_SPANS_DIR, names.ENV_RECORD_QUERY, "OTEL_TRACES_SAMPLER", "PROMETHEUS_MULTIPROC_DIR"} <= keys
+    assert "STAGESCOPE_CACHE_DIR" not in keys and "PATH" not in keys
