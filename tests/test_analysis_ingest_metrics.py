@@ -264,3 +264,54 @@ def test_results_parquet_to_client_results(tmp_path: Path) -> None:
     ]
     assert ds.files[0].kind == "results" and ds.files[0].samples == 2
     ds.close()
+
+
+def test_openmetrics_scrape_with_exemplars_created_and_second_timestamps(tmp_path: Path) -> None:
+    """An OpenMetrics scrape (prometheus/docs docs/specs/om/open_metrics_spec.md "Text format"; the
+    exemplar and ``_created`` lines as prometheus_client's openmetrics exposition writes them; vLLM V1
+    labels ``model_name`` and ``engine``, loggers.py): exemplars are dropped, not read as the sample,
+    ``_created`` is its own metric, and timestamps are seconds. Two engines of one model are summed,
+    the other model is not pooled with them."""
+    t0, t1 = 1_764_000_000.25, 1_764_000_015.25  # Unix seconds, as OpenMetrics writes them
+    e2e, queue = N.VLLM_E2E, N.VLLM_QUEUE_TIME
+    lines = [f"# TYPE {e2e} histogram", f"# TYPE {queue} histogram"]
+    # (model, engine) -> (count, e2e sum s, queue sum s) at t0 and at t1
+    series = {("a", "0"): ((4, 2.0, 0.4), (10, 8.0, 1.0)), ("a", "1"): ((1, 0.5, 0.1), (3, 2.5, 0.3)),
+              ("b", "0"): ((0, 0.0, 0.0), (5, 50.0, 25.0))}  # fmt: skip
+    for t, i in ((t0, 0), (t1, 1)):
+        for (model, engine), pts in series.items():
+            n, s_e2e, s_q = pts[i]
+            lab = f'engine="{engine}",model_name="{model}"'
+            trace = f' # {{trace_id="{i:032x}"}} 0.42 {t - 0.1}' if n else ""
+            lines += [
+                f'{e2e}_bucket{{{lab},le="0.5"}} {float(n)} {t}{trace}',
+                f'{e2e}_bucket{{{lab},le="+Inf"}} {float(n)} {t}',
+                f"{e2e}_count{{{lab}}} {float(n)} {t}", f"{e2e}_sum{{{lab}}} {s_e2e} {t}",
+                f"{e2e}_created{{{lab}}} 1.7639e+09 {t}",
+                f"{queue}_count{{{lab}}} {float(n)} {t}", f"{queue}_sum{{{lab}}} {s_q} {t}",
+            ]  # fmt: skip
+    f = tmp_path / "scrape.om.txt"
+    f.write_text("\n".join([*lines, "# EOF"]) + "\n")
+    ds = load_dataset(metrics=[f])
+    stamps = {t for (t,) in ds.con.execute("SELECT DISTINCT ts_ms FROM metric_samples").fetchall()}
+    assert stamps == {round(t0 * 1000), round(t1 * 1000)}
+    assert ds.con.execute(
+        f"SELECT count(*) FROM metric_samples WHERE metric = '{e2e}_created'"
+    ).fetchone() == (6,)
+    rows = {r["model"]: r for r in vllm_stage_means(ds.con)}
+    # independent: per model, sum over engines of (t1 - t0)
+    assert rows["a"]["requests"] == (10 - 4) + (3 - 1) and rows["a"]["engines"] == 2
+    assert rows["a"]["e2e_ms"] == pytest.approx(((8.0 - 2.0) + (2.5 - 0.5)) / 8 * 1e3)
+    assert rows["a"]["queue_ms"] == pytest.approx(((1.0 - 0.4) + (0.3 - 0.1)) / 8 * 1e3)
+    assert rows["b"]["requests"] == 5 and rows["b"]["e2e_ms"] == pytest.approx(10_000.0)
+    ds.close()
+
+
+def test_openmetrics_timestamps_and_bad_ones() -> None:
+    text = 'a 1 1700000000\nb{x="}#"} 2 1700000000000 # {trace_id="ab"} 0.5\n# EOF\n'
+    got = list(parse_exposition(text, "t.om"))
+    assert got[0] == ("a", {}, 1.0, 1_700_000_000_000)  # integer OpenMetrics timestamp: seconds
+    assert got[1] == ("b", {"x": "}#"}, 2.0, 1_700_000_000_000)  # ms, as stamped by a recorder
+    assert next(iter(parse_exposition("c 3 1700000000000\n")))[3] == 1_700_000_000_000  # text format: ms
+    with pytest.raises(UserError, match=r"^t\.prom:1: timestamp 'soon' is not a number"):
+        list(parse_exposition("c 3 soon\n", "t.prom"))
