@@ -315,3 +315,70 @@ def test_openmetrics_timestamps_and_bad_ones() -> None:
     assert next(iter(parse_exposition("c 3 1700000000000\n")))[3] == 1_700_000_000_000  # text format: ms
     with pytest.raises(UserError, match=r"^t\.prom:1: timestamp 'soon' is not a number"):
         list(parse_exposition("c 3 soon\n", "t.prom"))
+
+
+def test_triton_counters_over_a_directory_of_scrapes_and_instances(tmp_path: Path) -> None:
+    """Triton counters scraped into one file per scrape (stagescope's recorder, a cron'd curl) are one
+    time series per label set, not one snapshot per file; two instances of one model in one file are
+    two series summed, not one zig-zag series; batch size = inferences / executions (Triton server
+    docs/user_guide/metrics.md "Count")."""
+    d = tmp_path / "scrapes"
+    d.mkdir()
+    lab = 'model="m",version="1"'
+    pts = [
+        (100, 300, 50, 10_000),
+        (160, 540, 80, 16_000),
+        (220, 780, 110, 40_000),
+    ]  # success, count, exec, queue
+    for i, (n, infer, execs, q) in enumerate(pts):
+        t = 1_700_000_000_000 + i * 15_000
+        (d / f"scrape-{i:05d}.prom").write_text(
+            f"{N.TRITON_REQUEST_SUCCESS}{{{lab}}} {n} {t}\n{N.TRITON_INFERENCE_COUNT}{{{lab}}} {infer} {t}\n"
+            f"{N.TRITON_EXEC_COUNT}{{{lab}}} {execs} {t}\n{N.TRITON_QUEUE_DURATION_US}{{{lab}}} {q} {t}\n"
+        )
+    ds = load_dataset(metrics=[d])
+    (row,) = triton_breakdown(ds.con)
+    assert row["requests"] == 220 - 100
+    assert row["queue_ms"] == pytest.approx((40_000 - 10_000) / 120 / 1000)
+    assert row["executions"] == 60 and row["batch_size"] == pytest.approx((780 - 300) / (110 - 50))
+    ds.close()
+    f = tmp_path / "two.prom"
+    f.write_text(
+        "".join(
+            f'{N.TRITON_REQUEST_SUCCESS}{{instance="{h}",{lab}}} {v} {t}\n'
+            for t, a, b in ((1_700_000_000_000, 100, 1000), (1_700_000_015_000, 130, 1050))
+            for h, v in (("a", a), ("b", b))
+        )
+    )
+    ds = load_dataset(metrics=[f])
+    (row,) = triton_breakdown(ds.con)
+    assert row["requests"] == (130 - 100) + (1050 - 1000)
+    ds.close()
+
+
+def test_triton_before_and_after_snapshots_give_their_difference(tmp_path: Path) -> None:
+    """Two untimestamped snapshots (the captures' ``_metrics_before`` / ``_metrics_after``): the
+    window's counts are after minus before, as for vLLM (engine_metrics)."""
+    after = (
+        REPO / "external" / "triton" / "captures" / "triton-2.51.0_trace-file_models_metrics_after.prom"
+    ).read_text()
+    before = re.sub(
+        r'^(nv_inference_\w+\{model="sleep_8ms",version="1"\}) (\d+)$',
+        lambda m: f"{m.group(1)} {int(m.group(2)) // 4}",
+        after,
+        flags=re.M,
+    )
+    (tmp_path / "before.prom").write_text(before)
+    (tmp_path / "after.prom").write_text(after)
+    full = {r["model"]: r for r in triton_breakdown(load_dataset(metrics=[tmp_path / "after.prom"]).con)}
+    ds = load_dataset(metrics=[tmp_path / "before.prom", tmp_path / "after.prom"])
+    rows = {r["model"]: r for r in triton_breakdown(ds.con)}
+    assert len(rows) == len(full)  # one row per model, not one per file
+    q = re.search(r'^nv_inference_queue_duration_us\{model="sleep_8ms",version="1"\} (\d+)$', after, re.M)
+    assert q is not None
+    assert rows["sleep_8ms"]["requests"] == 16 - 16 // 4
+    assert rows["sleep_8ms"]["queue_ms"] == pytest.approx(
+        (int(q.group(1)) - int(q.group(1)) // 4) / 12 / 1000
+    )
+    assert full["bls_caller"]["requests"] == 6 and rows["bls_caller"]["requests"] == 0  # none in between
+    ds.close()
