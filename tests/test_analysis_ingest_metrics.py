@@ -382,3 +382,28 @@ def test_triton_before_and_after_snapshots_give_their_difference(tmp_path: Path)
     )
     assert full["bls_caller"]["requests"] == 6 and rows["bls_caller"]["requests"] == 0  # none in between
     ds.close()
+
+
+def test_histogram_source_reads_before_and_after_snapshots_as_their_difference(tmp_path: Path) -> None:
+    """The e2e histogram read as a complete source from an untimestamped ``before`` and ``after``
+    scrape in one directory counts the requests in between (after minus before, per bucket), not
+    every request since the server started."""
+    from types import SimpleNamespace
+
+    from stagescope.analysis.histogram_source import _bucket_counts
+
+    def scrape(counts: tuple[int, int, int]) -> str:
+        les = ("0.5", "1.0", "+Inf")
+        return "".join(
+            f'{N.VLLM_E2E}_bucket{{le="{le}",model_name="m"}} {c}.0\n'
+            for le, c in zip(les, counts, strict=True)
+        )
+
+    (tmp_path / "before.prom").write_text(scrape((100, 180, 200)))
+    (tmp_path / "after.prom").write_text(scrape((130, 250, 290)))
+    ds = load_dataset(metrics=[tmp_path / "before.prom", tmp_path / "after.prom"])
+    view = SimpleNamespace(slo=SimpleNamespace(route=None, model=None))
+    got = _bucket_counts(ds.con, view, N.VLLM_E2E, None, N.VLLM_LABEL_MODEL)  # type: ignore[arg-type]
+    assert got is not None
+    assert got[0] == [(500.0, 30.0), (1000.0, 40.0), (float("inf"), 20.0)]  # independent: after - before
+    ds.close()
