@@ -27,7 +27,7 @@ from stagescope.analysis.keys import has_columns
 if TYPE_CHECKING:
     from stagescope.analysis.breach import SLIView
 
-__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "from_histograms"]
+__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "from_histograms"]
 
 #: Histograms read as complete sources per SLI: (family, route label or None, model label).
 HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
@@ -36,8 +36,16 @@ HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
         (N.VLLM_E2E, None, N.VLLM_LABEL_MODEL),
     ),
     N.SLI_TTFT: ((N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL), (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL)),
-    N.SLI_ITL: ((N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL), (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL)),
+    N.SLI_ITL: (
+        (N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL),
+        (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL),
+        # vLLM before the rename (V0, early V1): the same per-token gaps (docs/design/metrics.md)
+        (N.VLLM_TPOT_LEGACY, None, N.VLLM_LABEL_MODEL),
+    ),
 }
+#: A family read only where the one that replaced it was not scraped: vLLM releases between the two
+#: names wrote both, with the same observations.
+SUPERSEDED_BY = {N.VLLM_TPOT_LEGACY: N.VLLM_ITL}
 #: Evenly spread points given to a histogram bucket no kept trace fell in (at most).
 BUCKET_POINTS = 20
 
@@ -84,6 +92,11 @@ def _bucket_counts(
     slo = view.slo
     if (slo.route is not None and route_label is None) or not has_columns(con, "metric_samples", "labels"):
         return None  # the histogram cannot tell the SLO's route from the others
+    newer = SUPERSEDED_BY.get(family)
+    if newer is not None and con.execute(
+        "SELECT 1 FROM metric_samples WHERE metric = ? LIMIT 1", [f"{newer}_bucket"]
+    ).fetchone():
+        return None  # read under its new name
     rows = con.execute(
         "SELECT source, labels, ts_ms, value FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
         [f"{family}_bucket"],

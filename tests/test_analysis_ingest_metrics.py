@@ -407,3 +407,54 @@ def test_histogram_source_reads_before_and_after_snapshots_as_their_difference(t
     assert got is not None
     assert got[0] == [(500.0, 30.0), (1000.0, 40.0), (float("inf"), 20.0)]  # independent: after - before
     ds.close()
+
+
+def _vllm_spans(path: Path, n: int = 20) -> Path:
+    """``n`` vLLM ``llm_request`` spans (vllm/tracing attributes, seconds) of 11 tokens in 100 ms of
+    decode: no per-gap samples, one inter-token figure per stream (10 ms)."""
+    spans = []
+    for i in range(n):
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.time_in_queue": 0.01, "gen_ai.latency.time_to_first_token": 0.05,
+                 "gen_ai.latency.e2e": 0.15, "gen_ai.latency.time_in_model_prefill": 0.03,
+                 "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        kv += [{"key": "gen_ai.usage.completion_tokens", "value": {"intValue": "11"}}]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": N.VLLM_SPAN_NAME, "kind": 2,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    path.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    return path
+
+
+def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: Path) -> None:
+    """vLLM before the rename wrote the per-token gaps as ``vllm:time_per_output_token_seconds``
+    (docs/design/metrics.md; REFERENCE.md section 7): that histogram gives the ITL quantiles as the new
+    name's does, instead of being ignored (the streams' 10 ms means then said p99 10 ms, met); where
+    both names were scraped the new one is read."""
+    from stagescope.analysis.api import analyze
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    buckets = [("0.005", 0), ("0.01", 120), ("0.025", 190), ("0.05", 198), ("0.1", 200), ("+Inf", 200)]
+
+    def scrape(name: str, scale: int = 1) -> str:
+        lines = [f'{name}_bucket{{le="{le}",model_name="m"}} {c * scale}.0' for le, c in buckets]
+        return "\n".join(
+            [*lines, f'{name}_count{{model_name="m"}} {200 * scale}.0', f'{name}_sum{{model_name="m"}} 2.0']
+        )
+
+    reports = {}
+    for label, text in (("new", scrape(N.VLLM_ITL)), ("old", scrape(N.VLLM_TPOT_LEGACY)),
+                        ("both", scrape(N.VLLM_ITL) + "\n" + scrape(N.VLLM_TPOT_LEGACY, 1000))):  # fmt: skip
+        f = tmp_path / f"{label}.prom"
+        f.write_text(text + "\n")
+        ds = load_dataset(traces=[spans], metrics=[f])
+        reports[label] = analyze(ds, "itl:p99<60ms")
+        ds.close()
+    assert reports["new"]["sampling"]["histogram"] == N.VLLM_ITL
+    assert reports["old"]["sampling"]["histogram"] == N.VLLM_TPOT_LEGACY
+    assert reports["both"]["sampling"]["histogram"] == N.VLLM_ITL
+    # histogram_quantile(0.99) of these buckets is 50 ms (rank 198 ends the 25-50 ms bucket)
+    assert reports["old"]["latency_ms"] == reports["new"]["latency_ms"] == reports["both"]["latency_ms"]
+    assert 45.0 < reports["old"]["latency_ms"]["p99"] <= 50.0
