@@ -29,18 +29,26 @@ if TYPE_CHECKING:
 
 __all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "from_histograms"]
 
-#: Histograms read as complete sources per SLI: (family, route label or None, model label).
+#: Histograms read as complete sources per SLI: (family, route label or None, model label). SGLang's
+#: are its TokenizerMetricsCollector's (python/sglang/srt/metrics/collector.py @ 00ae9c15, arrival to
+#: first / last token; the inter-token one observed once per token).
 HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
     N.SLI_E2E: (
         (N.METRIC_REQUEST_DURATION, N.LABEL_ROUTE, N.LABEL_MODEL),
         (N.VLLM_E2E, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_E2E, None, N.SGLANG_LABEL_MODEL),
     ),
-    N.SLI_TTFT: ((N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL), (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL)),
+    N.SLI_TTFT: (
+        (N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL),
+        (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_TTFT, None, N.SGLANG_LABEL_MODEL),
+    ),
     N.SLI_ITL: (
         (N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL),
         (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL),
         # vLLM before the rename (V0, early V1): the same per-token gaps (docs/design/metrics.md)
         (N.VLLM_TPOT_LEGACY, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_ITL, None, N.SGLANG_LABEL_MODEL),
     ),
 }
 #: A family read only where the one that replaced it was not scraped: vLLM releases between the two

@@ -458,3 +458,37 @@ def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: P
     # histogram_quantile(0.99) of these buckets is 50 ms (rank 198 ends the 25-50 ms bucket)
     assert reports["old"]["latency_ms"] == reports["new"]["latency_ms"] == reports["both"]["latency_ms"]
     assert 45.0 < reports["old"]["latency_ms"]["p99"] <= 50.0
+
+
+def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
+    """SGLang's own e2e and TTFT histograms (collector.py TokenizerMetricsCollector) correct the
+    quantiles of its traced requests as vLLM's do; before, they were not read at all."""
+    from stagescope.analysis.api import analyze
+
+    spans = []
+    for i in range(20):  # SGLang request roots (trace.py: f"{role} Req {rid[:8]}"), 150 ms each
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.time_to_first_token": 0.05, "gen_ai.latency.e2e": 0.15,
+                 "gen_ai.latency.time_in_model_prefill": 0.04, "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f"Req {i:08x}", "kind": 2,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    trace = tmp_path / "sglang.json"
+    trace.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    scrape = tmp_path / "sglang.prom"
+    lines = []
+    for fam, buckets in ((N.SGLANG_E2E, [("0.1", 0), ("0.2", 150), ("1.0", 199), ("+Inf", 200)]),
+                         (N.SGLANG_TTFT, [("0.04", 0), ("0.06", 150), ("0.5", 199), ("+Inf", 200)])):  # fmt: skip
+        for rank in ("0", "1"):  # two tensor-parallel ranks publishing, summed
+            lab = f'model_name="m",tp_rank="{rank}"'
+            lines += [f'{fam}_bucket{{{lab},le="{le}"}} {c // 2}.0' for le, c in buckets]
+    scrape.write_text("\n".join(lines) + "\n")
+    ds = load_dataset(traces=[trace], metrics=[scrape])
+    for slo, fam in (("p99<300ms", N.SGLANG_E2E), ("ttft:p99<300ms", N.SGLANG_TTFT)):
+        rep = analyze(ds, slo)
+        assert rep["sampling"].get("histogram") == fam and rep["requests"] == 200
+        # histogram_quantile(0.99): rank 198 of 200 lies in the bucket 150..199 -> above the traces' values
+        assert rep["latency_ms"]["p99"] > (150.0 if fam == N.SGLANG_E2E else 50.0) * 2
+    ds.close()
