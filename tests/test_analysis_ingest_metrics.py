@@ -492,3 +492,41 @@ def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
         # histogram_quantile(0.99): rank 198 of 200 lies in the bucket 150..199 -> above the traces' values
         assert rep["latency_ms"]["p99"] > (150.0 if fam == N.SGLANG_E2E else 50.0) * 2
     ds.close()
+
+
+def test_openmetrics_from_prometheus_client_with_escaped_colons() -> None:
+    """A vLLM registry written by prometheus_client's OpenMetrics exposition (what a scraper that
+    negotiates OpenMetrics gets from vLLM's /metrics): 0.26 escapes the samples' colons
+    (``vllm_e2e_...``) under ``# TYPE vllm:e2e_...`` and adds exemplars and ``_created``; the
+    families read under their own names, with the figures the registry holds."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    reg = CollectorRegistry()
+    labels = [N.VLLM_LABEL_MODEL, N.VLLM_LABEL_ENGINE]
+    e2e = Histogram(N.VLLM_E2E, "e2e", labels, buckets=[0.3, 0.5, 1.0, 2.5], registry=reg)
+    queue = Histogram(N.VLLM_QUEUE_TIME, "queue", labels, buckets=[0.01, 0.1], registry=reg)
+    pre = Counter(N.VLLM_NUM_PREEMPTIONS.removesuffix("_total"), "preemptions", labels, registry=reg)
+    for i, s in enumerate([0.2, 0.4, 0.45, 0.9, 2.0]):
+        e2e.labels("m", str(i % 2)).observe(s, exemplar={"trace_id": f"{i + 1:032x}"})
+        queue.labels("m", str(i % 2)).observe(s / 100)
+    pre.labels("m", "0").inc(3)
+    text = generate_latest(reg).decode()
+    got = list(parse_exposition(text, "om.txt"))
+    names_ = {n for n, _, _, _ in got}
+    assert f"{N.VLLM_E2E}_bucket" in names_ and N.VLLM_NUM_PREEMPTIONS in names_
+    assert not any(n.startswith("vllm_") for n in names_)
+    ds = load_dataset()
+    from stagescope.analysis.ingest.prom import insert_samples
+
+    insert_samples(ds, got, "om.txt")
+    (row,) = vllm_stage_means(ds.con)
+    assert row["requests"] == 5 and row["engines"] == 2
+    assert row["e2e_ms"] == pytest.approx((0.2 + 0.4 + 0.45 + 0.9 + 2.0) / 5 * 1e3)
+    buckets = dict(
+        ds.con.execute(
+            f"SELECT labels['le'], sum(value) FROM metric_samples WHERE metric = '{N.VLLM_E2E}_bucket' GROUP BY 1"
+        ).fetchall()
+    )
+    assert buckets == {"0.3": 1.0, "0.5": 3.0, "1.0": 4.0, "2.5": 5.0, "+Inf": 5.0}
+    ds.close()

@@ -6,7 +6,8 @@ labels, a trailing comma, label-less samples, no trailing newline, ``NaN``/``+In
 millisecond timestamps, and OpenMetrics text (prometheus/docs docs/specs/om/open_metrics_spec.md,
 "Text format"): the ``# EOF`` line, exemplars after a sample (``x_bucket{le="0.1"} 8 # {trace_id="..."}
 0.05 1.7e9``, dropped: they are one observation, not the counts), ``_created`` samples (kept as their
-own metric, read by nobody) and timestamps in **seconds** (a float, or an integer in a file ending in
+own metric, read by nobody), sample names whose colons the writer escaped (restored from the
+``# TYPE`` line, see :func:`_colon_families`) and timestamps in **seconds** (a float, or an integer in a file ending in
 ``# EOF``; an integer of 1e11 or more there is taken as milliseconds, as the exposition format and
 stagescope's scrape recorder write them). dcgm-exporter's "blank" sentinels (int64 values
 9223372036854775792..807, int32 2147483632..647, fp64 >= 1.40737488355328e14 on ``DCGM_`` metrics)
@@ -86,6 +87,7 @@ def parse_exposition(text: str, source: str = "<metrics>") -> Iterator[Sample]:
     """Samples of one exposition text; raises :class:`UserError` naming ``source`` and the line."""
     lines = text.splitlines()
     openmetrics = any(line.strip() == "# EOF" for line in lines)
+    unescape = _colon_families(lines) if openmetrics else {}
     for no, line in enumerate(lines, 1):
         s = line.strip()
         if not s or s.startswith("#"):
@@ -99,6 +101,8 @@ def parse_exposition(text: str, source: str = "<metrics>") -> Iterator[Sample]:
         if not m or not rest[:1].isspace() or len(fields) not in (1, 2):
             raise UserError(f"{where}: not a Prometheus exposition line: {s[:60]!r}")
         name, labels = m.groups()
+        if unescape and ":" not in name:
+            name = _unescaped(name, unescape)
         raw, ts = fields[0], (fields[1] if len(fields) == 2 else None)
         yield (
             name,
@@ -106,6 +110,28 @@ def parse_exposition(text: str, source: str = "<metrics>") -> Iterator[Sample]:
             _value(name, raw, where),
             _timestamp_ms(ts, openmetrics, where) if ts else None,
         )
+
+
+def _colon_families(lines: list[str]) -> dict[str, str]:
+    """``# TYPE`` families whose names hold a colon (``vllm:...``, ``sglang:...``), by their name with
+    underscores: prometheus_client 0.26's OpenMetrics writer keeps the colon on ``# HELP``/``# TYPE``
+    but escapes the samples' names with the label-name character set (openmetrics/exposition.py
+    ``generate_latest``: ``_escape(s.name, escaping, _is_legacy_labelname_rune)``), so a vLLM scrape
+    negotiated as OpenMetrics writes ``vllm_e2e_request_latency_seconds_bucket``."""
+    out = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "#" and parts[1] == "TYPE" and ":" in parts[2]:
+            out[parts[2].replace(":", "_")] = parts[2]
+    return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))  # the longest family name first
+
+
+def _unescaped(name: str, families: dict[str, str]) -> str:
+    """``name`` with its family's colons restored (see :func:`_colon_families`)."""
+    for escaped, family in families.items():
+        if name == escaped or (name.startswith(escaped) and name[len(escaped)] == "_"):
+            return family + name[len(escaped) :]
+    return name
 
 
 def _timestamp_ms(raw: str, openmetrics: bool, where: str) -> int:
