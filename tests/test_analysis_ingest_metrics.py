@@ -530,3 +530,30 @@ def test_openmetrics_from_prometheus_client_with_escaped_colons() -> None:
     )
     assert buckets == {"0.3": 1.0, "0.5": 3.0, "1.0": 4.0, "2.5": 5.0, "+Inf": 5.0}
     ds.close()
+
+
+def test_sglang_requests_aborted_before_their_first_token_stay_on_route_req(tmp_path: Path) -> None:
+    """SGLang sets each ``gen_ai.latency`` key only when both its timestamps exist (req_time_stats.py
+    ``convert_to_gen_ai_span_attrs``): a request aborted before its first token carries ``e2e`` alone.
+    It is still one of SGLang's requests, on route ``Req``, not a route of its own named after its
+    request id (which made every aborted request a route of one)."""
+    spans = []
+    for i in range(10):
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.e2e": 0.15}
+        if i % 3:  # two in three finished normally
+            attrs |= {"gen_ai.latency.time_to_first_token": 0.05, "gen_ai.latency.time_in_model_prefill": 0.04,
+                      "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f" Req {i:08x}", "kind": 1,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    trace = tmp_path / "sglang.json"
+    trace.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    ds = load_dataset(traces=[trace])
+    rows = ds.con.execute(
+        "SELECT route, source, count(*), count(ttft_ms) FROM requests GROUP BY ALL"
+    ).fetchall()
+    assert rows == [("Req", N.SOURCE_SGLANG, 10, 6)]
+    ds.close()
