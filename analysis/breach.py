@@ -69,12 +69,21 @@ __all__ = [
     "scope_filter",
     "sli_view",
     "sql_str",
+    "util_pct_sql",
     "windows",
 ]
 
 DEFAULT_WINDOW = "1m"
 #: Metrics read as accelerator utilization (percent), in order of preference.
 UTIL_METRICS: tuple[str, ...] = (DCGM_GPU_UTIL, TRITON_GPU_UTILIZATION)
+#: Each one's factor to percent: dcgm-exporter writes 0..100 (default-counters.csv "GPU utilization
+#: (in %)"), Triton a rate 0.0..1.0 (server docs/user_guide/metrics.md "GPU Utilization").
+UTIL_TO_PCT: dict[str, float] = {DCGM_GPU_UTIL: 1.0, TRITON_GPU_UTILIZATION: 100.0}
+
+
+def util_pct_sql(metric: str) -> str:
+    """SQL of a utilization sample's ``value`` in percent, for one of :data:`UTIL_METRICS`."""
+    return f"(value * {UTIL_TO_PCT[metric]!r})"
 
 
 def sql_str(value: str) -> str:
@@ -260,7 +269,9 @@ def sli_view(
                 "be off either way"
             )
             con.execute(per_request_sql)
-    srow = con.execute(f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}").fetchone()
+    srow = con.execute(
+        f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}"
+    ).fetchone()
     shed = int(srow[0]) if srow else 0
     if shed:
         warnings.append(
@@ -325,7 +336,10 @@ def _util_sql(con: duckdb.DuckDBPyConnection) -> str | None:
             "SELECT count(*) FROM metric_samples WHERE metric = ? AND ts_ms IS NOT NULL", [metric]
         ).fetchone()
         if row and row[0]:
-            return f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+            return (
+                f"SELECT ts_ms, {util_pct_sql(metric)} AS value FROM metric_samples "
+                f"WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+            )
     return None
 
 

@@ -42,7 +42,7 @@ import duckdb
 
 from stagescope import names as N
 from stagescope.analysis.attribution import BREAKDOWN, Attribution
-from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
+from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str, util_pct_sql
 from stagescope.analysis.cost_levers import lever_effect
 from stagescope.analysis.ingest.counters import increase
 
@@ -162,7 +162,7 @@ def _utilization(
     t0, t1 = span
     for metric in UTIL_METRICS:
         rows = con.execute(
-            f"SELECT CAST(labels AS VARCHAR), avg(value) FROM metric_samples WHERE metric = {sql_str(metric)} "
+            f"SELECT CAST(labels AS VARCHAR), avg({util_pct_sql(metric)}) FROM metric_samples WHERE metric = {sql_str(metric)} "
             f"AND ts_ms BETWEEN {t0} AND {t1} AND value IS NOT NULL GROUP BY 1"
         ).fetchall()
         if not rows or t1 <= t0:

@@ -42,7 +42,7 @@ import duckdb
 from stagescope.analysis import engine_evidence, fleet_evidence, workload_evidence
 from stagescope.analysis import quality as QL
 from stagescope.analysis.attribution import BATCH_FIT, BREAKDOWN, Attribution
-from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str
+from stagescope.analysis.breach import UTIL_METRICS, SLIView, sql_str, util_pct_sql
 from stagescope.analysis.keys import input_ref
 from stagescope.analysis.weighting import mean_sql, weighted_quantiles
 from stagescope.names import METRIC_INFLIGHT, VLLM_NUM_RUNNING
@@ -126,10 +126,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     for k, v in zip(_FACT_KEYS, row, strict=True):
         ev[k] = _f(v)
     for metric in UTIL_METRICS:
-        msql = (
-            f"SELECT ts_ms, value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
-        )
-        mean = _one(con, f"SELECT avg(value) FROM metric_samples WHERE metric = {sql_str(metric)}")
+        pct = util_pct_sql(metric)
+        msql = f"SELECT ts_ms, {pct} AS value FROM metric_samples WHERE metric = {sql_str(metric)} AND ts_ms IS NOT NULL"
+        mean = _one(con, f"SELECT avg({pct}) FROM metric_samples WHERE metric = {sql_str(metric)}")
         if mean is not None:
             ev["utilization_pct"] = _f(mean)
             ev["utilization_metric"] = metric
@@ -151,7 +150,9 @@ def gather(con: duckdb.DuckDBPyConnection, view: SLIView, attr: Attribution) -> 
     ev["quality_budget_points"] = view.slo.quality_budget
     ev.update(engine_evidence.gather(con, view, attr, ev))  # output lengths, the engines' own metrics
     ev.update(fleet_evidence.gather(con, view, attr, ev))  # autoscaler, KV-cache config, hits per replica
-    ev.update(workload_evidence.gather(con, view, attr, ev))  # prefill interference, prompts, streams, cascade
+    ev.update(
+        workload_evidence.gather(con, view, attr, ev)
+    )  # prefill interference, prompts, streams, cascade
     return ev
 
 

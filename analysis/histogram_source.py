@@ -27,17 +27,33 @@ from stagescope.analysis.keys import has_columns
 if TYPE_CHECKING:
     from stagescope.analysis.breach import SLIView
 
-__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "from_histograms"]
+__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "from_histograms"]
 
-#: Histograms read as complete sources per SLI: (family, route label or None, model label).
+#: Histograms read as complete sources per SLI: (family, route label or None, model label). SGLang's
+#: are its TokenizerMetricsCollector's (python/sglang/srt/metrics/collector.py @ 00ae9c15, arrival to
+#: first / last token; the inter-token one observed once per token).
 HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
     N.SLI_E2E: (
         (N.METRIC_REQUEST_DURATION, N.LABEL_ROUTE, N.LABEL_MODEL),
         (N.VLLM_E2E, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_E2E, None, N.SGLANG_LABEL_MODEL),
     ),
-    N.SLI_TTFT: ((N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL), (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL)),
-    N.SLI_ITL: ((N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL), (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL)),
+    N.SLI_TTFT: (
+        (N.METRIC_GENAI_TTFT, None, N.LABEL_MODEL),
+        (N.VLLM_TTFT, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_TTFT, None, N.SGLANG_LABEL_MODEL),
+    ),
+    N.SLI_ITL: (
+        (N.METRIC_INTER_TOKEN, None, N.LABEL_MODEL),
+        (N.VLLM_ITL, None, N.VLLM_LABEL_MODEL),
+        # vLLM before the rename (V0, early V1): the same per-token gaps (docs/design/metrics.md)
+        (N.VLLM_TPOT_LEGACY, None, N.VLLM_LABEL_MODEL),
+        (N.SGLANG_ITL, None, N.SGLANG_LABEL_MODEL),
+    ),
 }
+#: A family read only where the one that replaced it was not scraped: vLLM releases between the two
+#: names wrote both, with the same observations.
+SUPERSEDED_BY = {N.VLLM_TPOT_LEGACY: N.VLLM_ITL}
 #: Evenly spread points given to a histogram bucket no kept trace fell in (at most).
 BUCKET_POINTS = 20
 
@@ -48,12 +64,21 @@ def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def _increase(points: list[tuple[int | None, float]], from_zero: bool) -> float:
-    """A counter's increase over its points (ts order); a decrease is a restart from 0; ``from_zero``:
-    the series appeared after its source's first scrape, so it started at 0 within the window."""
-    timed = sorted((t, v) for t, v in points if t is not None)
+def _increase(points: list[tuple[int | None, float, str]], from_zero: bool) -> float:
+    """A counter's increase over its points ``(ts_ms, value, file)`` (ts order); a decrease is a restart
+    from 0; ``from_zero``: the series appeared after its source's first scrape, so it started at 0
+    within the window. Without timestamps each file is one snapshot, cumulative since the server
+    started: one gives its value, several (a ``before`` and an ``after``) their difference, as
+    engine_metrics reads them."""
+    timed = sorted((t, v) for t, v, _ in points if t is not None)
     if len(timed) < 2:
-        return max(v for _, v in points) if points else 0.0  # one snapshot: cumulative since start
+        by_file: dict[str, float] = {}
+        for _, v, f in points:
+            by_file[f] = max(by_file.get(f, v), v)
+        if not by_file:
+            return 0.0
+        vals = list(by_file.values())
+        return vals[0] if len(vals) == 1 else max(vals) - min(vals)
     inc = timed[0][1] if from_zero else 0.0
     for (_, a), (_, b) in pairwise(timed):
         inc += b - a if b >= a else b
@@ -75,6 +100,11 @@ def _bucket_counts(
     slo = view.slo
     if (slo.route is not None and route_label is None) or not has_columns(con, "metric_samples", "labels"):
         return None  # the histogram cannot tell the SLO's route from the others
+    newer = SUPERSEDED_BY.get(family)
+    if newer is not None and con.execute(
+        "SELECT 1 FROM metric_samples WHERE metric = ? LIMIT 1", [f"{newer}_bucket"]
+    ).fetchone():
+        return None  # read under its new name
     rows = con.execute(
         "SELECT source, labels, ts_ms, value FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
         [f"{family}_bucket"],
@@ -95,7 +125,9 @@ def _bucket_counts(
     ).fetchall():
         t = _target(source)
         first_of[t] = min(first_of.get(t, int(ts)), int(ts))
-    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int | None, float]]] = defaultdict(list)
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int | None, float, str]]] = defaultdict(
+        list
+    )
     for source, labels, ts, value in rows:
         lab = dict(labels)
         if route_label is not None and slo.route is not None and lab.get(route_label) != slo.route:
@@ -105,13 +137,13 @@ def _bucket_counts(
         if shed and lab.get(N.LABEL_STATUS_CLASS) == "4xx":
             continue  # 429s are not latency samples; the histogram cannot tell them from other 4xx
         src = _target(source)
-        series[(src, tuple(sorted(lab.items())))].append((ts, float(value)))
+        series[(src, tuple(sorted(lab.items())))].append((ts, float(value), str(source)))
     if not series:
         return None
     per_le: dict[float, float] = defaultdict(float)
     first = last = None
     for (src, key), pts in series.items():
-        times = [t for t, _ in pts if t is not None]
+        times = [t for t, _, _ in pts if t is not None]
         from_zero = bool(times) and min(times) > first_of.get(src, min(times))
         le = dict(key).get("le", "")
         try:

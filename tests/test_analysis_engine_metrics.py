@@ -21,7 +21,9 @@ from stagescope.analysis.ingest.engine_metrics import (
 from stagescope.analysis.synth_engine_metrics import Window, sglang_scrape, vllm_scrape, window
 from stagescope.analysis.synth_engines import timelines
 
-REAL = Path(__file__).resolve().parent.parent / "external" / "prometheus" / "vllm" / "datadog_vllm_metrics.txt"
+REAL = (
+    Path(__file__).resolve().parent.parent / "external" / "prometheus" / "vllm" / "datadog_vllm_metrics.txt"
+)
 TL = timelines(900, "queue", seed=3, duration_s=300)
 T0 = int(TL.t0_ns.min() // 10**6)
 
@@ -50,7 +52,9 @@ def test_two_data_parallel_engines_are_summed(tmp_path: Path) -> None:
     row = _means(tmp_path, [vllm_scrape(TL, engines=2)])
     _close(row, window(TL), 2)
     # one engine's series alone (what the analysis read before) is not the truth
-    one = _means(tmp_path, ["\n".join(x for x in vllm_scrape(TL, engines=2).splitlines() if 'engine="1"' not in x)])
+    one = _means(
+        tmp_path, ["\n".join(x for x in vllm_scrape(TL, engines=2).splitlines() if 'engine="1"' not in x)]
+    )
     assert one["requests"] < 0.6 * window(TL).requests
 
 
@@ -108,7 +112,28 @@ def test_real_vllm_scrape_reads_as_before() -> None:
     ds = load_dataset(metrics=[REAL])
     (row,) = vllm_stage_means(ds.con)
     assert row["requests"] == 6 and row["engines"] == 1
-    assert row["prefill_ms"] == pytest.approx(35.6674, rel=1e-4) and row["decode_ms"] == pytest.approx(103.9565, rel=1e-4)
+    assert row["prefill_ms"] == pytest.approx(35.6674, rel=1e-4) and row["decode_ms"] == pytest.approx(
+        103.9565, rel=1e-4
+    )
     ev = engine_metric_facts(ds.con)
     assert ev["prefix_caching_enabled"] is False and ev["preemptions"] == 0
+    ds.close()
+
+
+def test_vllm_before_the_queue_histogram_counts_requests_from_e2e(tmp_path: Path) -> None:
+    """vLLM releases before ``vllm:request_queue_time_seconds`` (V0 < 0.6) export TTFT, the per-token
+    histogram and e2e only: the model still has its requests (the e2e count) and means, and the
+    engine evidence says vLLM, instead of the model being dropped as if nothing was scraped. Built
+    from the real scrape with its queue, prefill, decode and inference families cut out."""
+    dropped = (N.VLLM_QUEUE_TIME, N.VLLM_PREFILL_TIME, N.VLLM_DECODE_TIME, N.VLLM_INFERENCE_TIME)
+    text = "\n".join(line for line in REAL.read_text().splitlines() if not any(d in line for d in dropped))
+    f = tmp_path / "vllm-0.5.prom"
+    f.write_text(text + "\n")
+    ds = load_dataset(metrics=[f])
+    (row,) = vllm_stage_means(ds.con)
+    # independent: the file's vllm:e2e_request_latency_seconds_count 1.0, _sum 0.5034303665161133
+    assert (
+        row["requests"] == 1 and row["e2e_ms"] == pytest.approx(503.4303665161133) and row["queue_ms"] is None
+    )
+    assert engine_metric_facts(ds.con)["engine"] == N.SOURCE_VLLM
     ds.close()

@@ -264,3 +264,296 @@ def test_results_parquet_to_client_results(tmp_path: Path) -> None:
     ]
     assert ds.files[0].kind == "results" and ds.files[0].samples == 2
     ds.close()
+
+
+def test_openmetrics_scrape_with_exemplars_created_and_second_timestamps(tmp_path: Path) -> None:
+    """An OpenMetrics scrape (prometheus/docs docs/specs/om/open_metrics_spec.md "Text format"; the
+    exemplar and ``_created`` lines as prometheus_client's openmetrics exposition writes them; vLLM V1
+    labels ``model_name`` and ``engine``, loggers.py): exemplars are dropped, not read as the sample,
+    ``_created`` is its own metric, and timestamps are seconds. Two engines of one model are summed,
+    the other model is not pooled with them."""
+    t0, t1 = 1_764_000_000.25, 1_764_000_015.25  # Unix seconds, as OpenMetrics writes them
+    e2e, queue = N.VLLM_E2E, N.VLLM_QUEUE_TIME
+    lines = [f"# TYPE {e2e} histogram", f"# TYPE {queue} histogram"]
+    # (model, engine) -> (count, e2e sum s, queue sum s) at t0 and at t1
+    series = {("a", "0"): ((4, 2.0, 0.4), (10, 8.0, 1.0)), ("a", "1"): ((1, 0.5, 0.1), (3, 2.5, 0.3)),
+              ("b", "0"): ((0, 0.0, 0.0), (5, 50.0, 25.0))}  # fmt: skip
+    for t, i in ((t0, 0), (t1, 1)):
+        for (model, engine), pts in series.items():
+            n, s_e2e, s_q = pts[i]
+            lab = f'engine="{engine}",model_name="{model}"'
+            trace = f' # {{trace_id="{i:032x}"}} 0.42 {t - 0.1}' if n else ""
+            lines += [
+                f'{e2e}_bucket{{{lab},le="0.5"}} {float(n)} {t}{trace}',
+                f'{e2e}_bucket{{{lab},le="+Inf"}} {float(n)} {t}',
+                f"{e2e}_count{{{lab}}} {float(n)} {t}", f"{e2e}_sum{{{lab}}} {s_e2e} {t}",
+                f"{e2e}_created{{{lab}}} 1.7639e+09 {t}",
+                f"{queue}_count{{{lab}}} {float(n)} {t}", f"{queue}_sum{{{lab}}} {s_q} {t}",
+            ]  # fmt: skip
+    f = tmp_path / "scrape.om.txt"
+    f.write_text("\n".join([*lines, "# EOF"]) + "\n")
+    ds = load_dataset(metrics=[f])
+    stamps = {t for (t,) in ds.con.execute("SELECT DISTINCT ts_ms FROM metric_samples").fetchall()}
+    assert stamps == {round(t0 * 1000), round(t1 * 1000)}
+    assert ds.con.execute(
+        f"SELECT count(*) FROM metric_samples WHERE metric = '{e2e}_created'"
+    ).fetchone() == (6,)
+    rows = {r["model"]: r for r in vllm_stage_means(ds.con)}
+    # independent: per model, sum over engines of (t1 - t0)
+    assert rows["a"]["requests"] == (10 - 4) + (3 - 1) and rows["a"]["engines"] == 2
+    assert rows["a"]["e2e_ms"] == pytest.approx(((8.0 - 2.0) + (2.5 - 0.5)) / 8 * 1e3)
+    assert rows["a"]["queue_ms"] == pytest.approx(((1.0 - 0.4) + (0.3 - 0.1)) / 8 * 1e3)
+    assert rows["b"]["requests"] == 5 and rows["b"]["e2e_ms"] == pytest.approx(10_000.0)
+    ds.close()
+
+
+def test_openmetrics_timestamps_and_bad_ones() -> None:
+    text = 'a 1 1700000000\nb{x="}#"} 2 1700000000000 # {trace_id="ab"} 0.5\n# EOF\n'
+    got = list(parse_exposition(text, "t.om"))
+    assert got[0] == ("a", {}, 1.0, 1_700_000_000_000)  # integer OpenMetrics timestamp: seconds
+    assert got[1] == ("b", {"x": "}#"}, 2.0, 1_700_000_000_000)  # ms, as stamped by a recorder
+    assert next(iter(parse_exposition("c 3 1700000000000\n")))[3] == 1_700_000_000_000  # text format: ms
+    with pytest.raises(UserError, match=r"^t\.prom:1: timestamp 'soon' is not a number"):
+        list(parse_exposition("c 3 soon\n", "t.prom"))
+
+
+def test_triton_counters_over_a_directory_of_scrapes_and_instances(tmp_path: Path) -> None:
+    """Triton counters scraped into one file per scrape (stagescope's recorder, a cron'd curl) are one
+    time series per label set, not one snapshot per file; two instances of one model in one file are
+    two series summed, not one zig-zag series; batch size = inferences / executions (Triton server
+    docs/user_guide/metrics.md "Count")."""
+    d = tmp_path / "scrapes"
+    d.mkdir()
+    lab = 'model="m",version="1"'
+    pts = [
+        (100, 300, 50, 10_000),
+        (160, 540, 80, 16_000),
+        (220, 780, 110, 40_000),
+    ]  # success, count, exec, queue
+    for i, (n, infer, execs, q) in enumerate(pts):
+        t = 1_700_000_000_000 + i * 15_000
+        (d / f"scrape-{i:05d}.prom").write_text(
+            f"{N.TRITON_REQUEST_SUCCESS}{{{lab}}} {n} {t}\n{N.TRITON_INFERENCE_COUNT}{{{lab}}} {infer} {t}\n"
+            f"{N.TRITON_EXEC_COUNT}{{{lab}}} {execs} {t}\n{N.TRITON_QUEUE_DURATION_US}{{{lab}}} {q} {t}\n"
+        )
+    ds = load_dataset(metrics=[d])
+    (row,) = triton_breakdown(ds.con)
+    assert row["requests"] == 220 - 100
+    assert row["queue_ms"] == pytest.approx((40_000 - 10_000) / 120 / 1000)
+    assert row["executions"] == 60 and row["batch_size"] == pytest.approx((780 - 300) / (110 - 50))
+    ds.close()
+    f = tmp_path / "two.prom"
+    f.write_text(
+        "".join(
+            f'{N.TRITON_REQUEST_SUCCESS}{{instance="{h}",{lab}}} {v} {t}\n'
+            for t, a, b in ((1_700_000_000_000, 100, 1000), (1_700_000_015_000, 130, 1050))
+            for h, v in (("a", a), ("b", b))
+        )
+    )
+    ds = load_dataset(metrics=[f])
+    (row,) = triton_breakdown(ds.con)
+    assert row["requests"] == (130 - 100) + (1050 - 1000)
+    ds.close()
+
+
+def test_triton_before_and_after_snapshots_give_their_difference(tmp_path: Path) -> None:
+    """Two untimestamped snapshots (the captures' ``_metrics_before`` / ``_metrics_after``): the
+    window's counts are after minus before, as for vLLM (engine_metrics)."""
+    after = (
+        REPO / "external" / "triton" / "captures" / "triton-2.51.0_trace-file_models_metrics_after.prom"
+    ).read_text()
+    before = re.sub(
+        r'^(nv_inference_\w+\{model="sleep_8ms",version="1"\}) (\d+)$',
+        lambda m: f"{m.group(1)} {int(m.group(2)) // 4}",
+        after,
+        flags=re.M,
+    )
+    (tmp_path / "before.prom").write_text(before)
+    (tmp_path / "after.prom").write_text(after)
+    full = {r["model"]: r for r in triton_breakdown(load_dataset(metrics=[tmp_path / "after.prom"]).con)}
+    ds = load_dataset(metrics=[tmp_path / "before.prom", tmp_path / "after.prom"])
+    rows = {r["model"]: r for r in triton_breakdown(ds.con)}
+    assert len(rows) == len(full)  # one row per model, not one per file
+    q = re.search(r'^nv_inference_queue_duration_us\{model="sleep_8ms",version="1"\} (\d+)$', after, re.M)
+    assert q is not None
+    assert rows["sleep_8ms"]["requests"] == 16 - 16 // 4
+    assert rows["sleep_8ms"]["queue_ms"] == pytest.approx(
+        (int(q.group(1)) - int(q.group(1)) // 4) / 12 / 1000
+    )
+    assert full["bls_caller"]["requests"] == 6 and rows["bls_caller"]["requests"] == 0  # none in between
+    ds.close()
+
+
+def test_histogram_source_reads_before_and_after_snapshots_as_their_difference(tmp_path: Path) -> None:
+    """The e2e histogram read as a complete source from an untimestamped ``before`` and ``after``
+    scrape in one directory counts the requests in between (after minus before, per bucket), not
+    every request since the server started."""
+    from types import SimpleNamespace
+
+    from stagescope.analysis.histogram_source import _bucket_counts
+
+    def scrape(counts: tuple[int, int, int]) -> str:
+        les = ("0.5", "1.0", "+Inf")
+        return "".join(
+            f'{N.VLLM_E2E}_bucket{{le="{le}",model_name="m"}} {c}.0\n'
+            for le, c in zip(les, counts, strict=True)
+        )
+
+    (tmp_path / "before.prom").write_text(scrape((100, 180, 200)))
+    (tmp_path / "after.prom").write_text(scrape((130, 250, 290)))
+    ds = load_dataset(metrics=[tmp_path / "before.prom", tmp_path / "after.prom"])
+    view = SimpleNamespace(slo=SimpleNamespace(route=None, model=None))
+    got = _bucket_counts(ds.con, view, N.VLLM_E2E, None, N.VLLM_LABEL_MODEL)  # type: ignore[arg-type]
+    assert got is not None
+    assert got[0] == [(500.0, 30.0), (1000.0, 40.0), (float("inf"), 20.0)]  # independent: after - before
+    ds.close()
+
+
+def _vllm_spans(path: Path, n: int = 20) -> Path:
+    """``n`` vLLM ``llm_request`` spans (vllm/tracing attributes, seconds) of 11 tokens in 100 ms of
+    decode: no per-gap samples, one inter-token figure per stream (10 ms)."""
+    spans = []
+    for i in range(n):
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.time_in_queue": 0.01, "gen_ai.latency.time_to_first_token": 0.05,
+                 "gen_ai.latency.e2e": 0.15, "gen_ai.latency.time_in_model_prefill": 0.03,
+                 "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        kv += [{"key": "gen_ai.usage.completion_tokens", "value": {"intValue": "11"}}]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": N.VLLM_SPAN_NAME, "kind": 2,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    path.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    return path
+
+
+def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: Path) -> None:
+    """vLLM before the rename wrote the per-token gaps as ``vllm:time_per_output_token_seconds``
+    (docs/design/metrics.md; REFERENCE.md section 7): that histogram gives the ITL quantiles as the new
+    name's does, instead of being ignored (the streams' 10 ms means then said p99 10 ms, met); where
+    both names were scraped the new one is read."""
+    from stagescope.analysis.api import analyze
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    buckets = [("0.005", 0), ("0.01", 120), ("0.025", 190), ("0.05", 198), ("0.1", 200), ("+Inf", 200)]
+
+    def scrape(name: str, scale: int = 1) -> str:
+        lines = [f'{name}_bucket{{le="{le}",model_name="m"}} {c * scale}.0' for le, c in buckets]
+        return "\n".join(
+            [*lines, f'{name}_count{{model_name="m"}} {200 * scale}.0', f'{name}_sum{{model_name="m"}} 2.0']
+        )
+
+    reports = {}
+    for label, text in (("new", scrape(N.VLLM_ITL)), ("old", scrape(N.VLLM_TPOT_LEGACY)),
+                        ("both", scrape(N.VLLM_ITL) + "\n" + scrape(N.VLLM_TPOT_LEGACY, 1000))):  # fmt: skip
+        f = tmp_path / f"{label}.prom"
+        f.write_text(text + "\n")
+        ds = load_dataset(traces=[spans], metrics=[f])
+        reports[label] = analyze(ds, "itl:p99<60ms")
+        ds.close()
+    assert reports["new"]["sampling"]["histogram"] == N.VLLM_ITL
+    assert reports["old"]["sampling"]["histogram"] == N.VLLM_TPOT_LEGACY
+    assert reports["both"]["sampling"]["histogram"] == N.VLLM_ITL
+    # histogram_quantile(0.99) of these buckets is 50 ms (rank 198 ends the 25-50 ms bucket)
+    assert reports["old"]["latency_ms"] == reports["new"]["latency_ms"] == reports["both"]["latency_ms"]
+    assert 45.0 < reports["old"]["latency_ms"]["p99"] <= 50.0
+
+
+def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
+    """SGLang's own e2e and TTFT histograms (collector.py TokenizerMetricsCollector) correct the
+    quantiles of its traced requests as vLLM's do; before, they were not read at all."""
+    from stagescope.analysis.api import analyze
+
+    spans = []
+    for i in range(20):  # SGLang request roots (trace.py: f"{role} Req {rid[:8]}"), 150 ms each
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.time_to_first_token": 0.05, "gen_ai.latency.e2e": 0.15,
+                 "gen_ai.latency.time_in_model_prefill": 0.04, "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f"Req {i:08x}", "kind": 2,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    trace = tmp_path / "sglang.json"
+    trace.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    scrape = tmp_path / "sglang.prom"
+    lines = []
+    for fam, buckets in ((N.SGLANG_E2E, [("0.1", 0), ("0.2", 150), ("1.0", 199), ("+Inf", 200)]),
+                         (N.SGLANG_TTFT, [("0.04", 0), ("0.06", 150), ("0.5", 199), ("+Inf", 200)])):  # fmt: skip
+        for rank in ("0", "1"):  # two tensor-parallel ranks publishing, summed
+            lab = f'model_name="m",tp_rank="{rank}"'
+            lines += [f'{fam}_bucket{{{lab},le="{le}"}} {c // 2}.0' for le, c in buckets]
+    scrape.write_text("\n".join(lines) + "\n")
+    ds = load_dataset(traces=[trace], metrics=[scrape])
+    for slo, fam in (("p99<300ms", N.SGLANG_E2E), ("ttft:p99<300ms", N.SGLANG_TTFT)):
+        rep = analyze(ds, slo)
+        assert rep["sampling"].get("histogram") == fam and rep["requests"] == 200
+        # histogram_quantile(0.99): rank 198 of 200 lies in the bucket 150..199 -> above the traces' values
+        assert rep["latency_ms"]["p99"] > (150.0 if fam == N.SGLANG_E2E else 50.0) * 2
+    ds.close()
+
+
+def test_openmetrics_from_prometheus_client_with_escaped_colons() -> None:
+    """A vLLM registry written by prometheus_client's OpenMetrics exposition (what a scraper that
+    negotiates OpenMetrics gets from vLLM's /metrics): 0.26 escapes the samples' colons
+    (``vllm_e2e_...``) under ``# TYPE vllm:e2e_...`` and adds exemplars and ``_created``; the
+    families read under their own names, with the figures the registry holds."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    reg = CollectorRegistry()
+    labels = [N.VLLM_LABEL_MODEL, N.VLLM_LABEL_ENGINE]
+    e2e = Histogram(N.VLLM_E2E, "e2e", labels, buckets=[0.3, 0.5, 1.0, 2.5], registry=reg)
+    queue = Histogram(N.VLLM_QUEUE_TIME, "queue", labels, buckets=[0.01, 0.1], registry=reg)
+    pre = Counter(N.VLLM_NUM_PREEMPTIONS.removesuffix("_total"), "preemptions", labels, registry=reg)
+    for i, s in enumerate([0.2, 0.4, 0.45, 0.9, 2.0]):
+        e2e.labels("m", str(i % 2)).observe(s, exemplar={"trace_id": f"{i + 1:032x}"})
+        queue.labels("m", str(i % 2)).observe(s / 100)
+    pre.labels("m", "0").inc(3)
+    text = generate_latest(reg).decode()
+    got = list(parse_exposition(text, "om.txt"))
+    names_ = {n for n, _, _, _ in got}
+    assert f"{N.VLLM_E2E}_bucket" in names_ and N.VLLM_NUM_PREEMPTIONS in names_
+    assert not any(n.startswith("vllm_") for n in names_)
+    ds = load_dataset()
+    from stagescope.analysis.ingest.prom import insert_samples
+
+    insert_samples(ds, got, "om.txt")
+    (row,) = vllm_stage_means(ds.con)
+    assert row["requests"] == 5 and row["engines"] == 2
+    assert row["e2e_ms"] == pytest.approx((0.2 + 0.4 + 0.45 + 0.9 + 2.0) / 5 * 1e3)
+    buckets = dict(
+        ds.con.execute(
+            f"SELECT labels['le'], sum(value) FROM metric_samples WHERE metric = '{N.VLLM_E2E}_bucket' GROUP BY 1"
+        ).fetchall()
+    )
+    assert buckets == {"0.3": 1.0, "0.5": 3.0, "1.0": 4.0, "2.5": 5.0, "+Inf": 5.0}
+    ds.close()
+
+
+def test_sglang_requests_aborted_before_their_first_token_stay_on_route_req(tmp_path: Path) -> None:
+    """SGLang sets each ``gen_ai.latency`` key only when both its timestamps exist (req_time_stats.py
+    ``convert_to_gen_ai_span_attrs``): a request aborted before its first token carries ``e2e`` alone.
+    It is still one of SGLang's requests, on route ``Req``, not a route of its own named after its
+    request id (which made every aborted request a route of one)."""
+    spans = []
+    for i in range(10):
+        st = 1_764_000_000_000_000_000 + i * 200_000_000
+        attrs = {"gen_ai.latency.e2e": 0.15}
+        if i % 3:  # two in three finished normally
+            attrs |= {"gen_ai.latency.time_to_first_token": 0.05, "gen_ai.latency.time_in_model_prefill": 0.04,
+                      "gen_ai.latency.time_in_model_decode": 0.1}  # fmt: skip
+        kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
+        spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f" Req {i:08x}", "kind": 1,
+                      "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
+    trace = tmp_path / "sglang.json"
+    trace.write_text(
+        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
+    )
+    ds = load_dataset(traces=[trace])
+    rows = ds.con.execute(
+        "SELECT route, source, count(*), count(ttft_ms) FROM requests GROUP BY ALL"
+    ).fetchall()
+    assert rows == [("Req", N.SOURCE_SGLANG, 10, 6)]
+    ds.close()

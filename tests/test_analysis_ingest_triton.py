@@ -82,7 +82,13 @@ def test_real_trace_file_ensembles_bls_cache_grpc_and_streams() -> None:
     ds = load_dataset(traces=[path])
     routes = dict(ds.con.execute("SELECT route, count(*) FROM requests GROUP BY route").fetchall())
     # one request per root trace: the composing models and the BLS child attach to their parent
-    assert routes == {"ensemble_pipeline": 6, "bls_caller": 6, "cached_5ms": 6, "sleep_8ms": 4, "decoupled_stream": 3}
+    assert routes == {
+        "ensemble_pipeline": 6,
+        "bls_caller": 6,
+        "cached_5ms": 6,
+        "sleep_8ms": 4,
+        "decoupled_stream": 3,
+    }
     assert sum(routes.values()) == sum(1 for t in raw.values() if t["parent"] is None)
     rows = ds.con.execute(
         "SELECT r.route, s.stage, count(*), sum(s.duration_ms) FROM stages s JOIN requests r USING (request_key) "
@@ -91,7 +97,10 @@ def test_real_trace_file_ensembles_bls_cache_grpc_and_streams() -> None:
     count = {(r, s): c for r, s, c, _ in rows}
     total = {(r, s): t for r, s, _, t in rows}
     assert count[("ensemble_pipeline", N.STAGE_COMPUTE)] == 12  # preprocess_1ms + sleep_8ms, per request
-    assert count[("ensemble_pipeline", N.STAGE_QUEUE)] == 12 and ("ensemble_pipeline", N.STAGE_COMPUTE_INPUT) in count
+    assert (
+        count[("ensemble_pipeline", N.STAGE_QUEUE)] == 12
+        and ("ensemble_pipeline", N.STAGE_COMPUTE_INPUT) in count
+    )
     # BLS: its compute is cut around the child's REQUEST_START..END, the child's own stages show
     bls_own = child = 0.0
     for t in raw.values():
@@ -109,7 +118,9 @@ def test_real_trace_file_ensembles_bls_cache_grpc_and_streams() -> None:
     assert ("sleep_8ms", N.STAGE_RECEIVE) not in count and count[("sleep_8ms", N.STAGE_DESERIALIZE)] == 4
     # a decoupled stream: one GRPC_SEND pair per response -> time to first response and 4 gaps each
     streams = [t["ts"] for t in raw.values() if t["model"] == "decoupled_stream"]
-    ttft = ds.con.execute("SELECT ttft_ms FROM requests WHERE route = 'decoupled_stream' ORDER BY 1").fetchall()
+    ttft = ds.con.execute(
+        "SELECT ttft_ms FROM requests WHERE route = 'decoupled_stream' ORDER BY 1"
+    ).fetchall()
     want = sorted((min(s["GRPC_SEND_END"]) - s["GRPC_WAITREAD_END"][0]) / 1e6 for s in streams)
     assert [r[0] for r in ttft] == pytest.approx(want)
     assert ds.con.execute("SELECT count(*) FROM token_gaps").fetchone() == (3 * 4,)
@@ -120,7 +131,9 @@ def test_real_otel_spans_give_the_same_requests_and_stages() -> None:
     """Triton's OpenTelemetry mode (InferRequest > model > compute, all SERVER, timestamps as events)
     on the same requests' shapes as the trace file: one request per InferRequest, same stage rows."""
     otel = load_dataset(traces=[CAP / f"{V}_otel_models.jsonl"])
-    spans = dict(otel.con.execute("SELECT kind, count(*) FROM spans WHERE stage IS NULL GROUP BY kind").fetchall())
+    spans = dict(
+        otel.con.execute("SELECT kind, count(*) FROM spans WHERE stage IS NULL GROUP BY kind").fetchall()
+    )
     # InferRequest stays SERVER; the 43 model spans (25 + 12 ensemble steps + 6 BLS calls) and 33
     # compute spans (the ensembles themselves have none, 4 cache hits neither) are now INTERNAL
     assert spans == {2: 25, 1: 43 + 33}
@@ -143,7 +156,9 @@ def test_real_otel_spans_give_the_same_requests_and_stages() -> None:
 def test_real_queue_bound_incident(capture: str) -> None:
     """Acceptance: a queue-bound incident captured from Triton: queue named, scale-out, and the
     counters of the same run agree with the traces within 10%."""
-    trace = CAP / (f"{V}_trace-file_incident.json.gz" if capture == "trace-file" else f"{V}_otel_incident.jsonl.gz")
+    trace = CAP / (
+        f"{V}_trace-file_incident.json.gz" if capture == "trace-file" else f"{V}_otel_incident.jsonl.gz"
+    )
     ds = load_dataset(traces=[trace], metrics=[CAP / f"{V}_{capture}_incident_metrics_after.prom"])
     report = analyze(ds, "p99<300ms")
     assert report["breached"] and report["verdict"] == {"stage": N.STAGE_QUEUE, "lever": N.LEVER_SCALE_OUT}
@@ -156,7 +171,12 @@ def test_real_queue_bound_incident(capture: str) -> None:
     # made Triton trace them all: only the first says that rates read from the traces are too low
     coverage = [w for w in report["warnings"] if "requests its counters count" in w]
     if capture == "trace-file":
-        assert row["traced_requests"] == 617 and coverage and "617 of the 2,468" in coverage[0] and "4.0x" in coverage[0]
+        assert (
+            row["traced_requests"] == 617
+            and coverage
+            and "617 of the 2,468" in coverage[0]
+            and "4.0x" in coverage[0]
+        )
     else:
         assert row["traced_requests"] == 2468 and not coverage
     ds.close()
@@ -202,7 +222,13 @@ def test_otel_mode_through_jaeger_and_zipkin_and_under_a_gateway(tmp_path: Path)
     want = _stage_means(base)
     base.close()
     docs = [json.loads(line) for line in ot.read_text().splitlines()]
-    spans = [(rs["resource"], sp) for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]]
+    spans = [
+        (rs["resource"], sp)
+        for d in docs
+        for rs in d["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for sp in ss["spans"]
+    ]
     kinds = {2: "server", 1: "internal"}
 
     def tag(a: dict[str, Any]) -> dict[str, Any]:
@@ -227,13 +253,18 @@ def test_otel_mode_through_jaeger_and_zipkin_and_under_a_gateway(tmp_path: Path)
     for z in zipkin:
         if z["parentId"] is None:
             del z["parentId"]
-    for name, doc in (("jaeger.json", {"data": [{"traceID": "x", "spans": jaeger, "processes": {}}]}), ("zipkin.json", zipkin)):
+    for name, doc in (
+        ("jaeger.json", {"data": [{"traceID": "x", "spans": jaeger, "processes": {}}]}),
+        ("zipkin.json", zipkin),
+    ):
         p = tmp_path / name
         p.write_text(json.dumps(doc))
         ds = load_dataset(traces=[p])
         assert ds.con.execute("SELECT count(*) FROM requests").fetchone() == (300,), name
         got = _stage_means(ds)
-        assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=0.01, abs=0.002) for k in want), name
+        assert got.keys() == want.keys() and all(
+            got[k] == pytest.approx(want[k], rel=0.01, abs=0.002) for k in want
+        ), name
         ds.close()
     # a gateway SERVER span above each InferRequest (the client propagated its context)
     for d in docs:
@@ -249,7 +280,10 @@ def test_otel_mode_through_jaeger_and_zipkin_and_under_a_gateway(tmp_path: Path)
     gw_file = tmp_path / "gateway.jsonl"
     gw_file.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     ds = load_dataset(traces=[gw_file])
-    assert ds.con.execute("SELECT count(*), min(name) FROM requests").fetchone() == (300, "POST /v2/models/resnet50/infer")
+    assert ds.con.execute("SELECT count(*), min(name) FROM requests").fetchone() == (
+        300,
+        "POST /v2/models/resnet50/infer",
+    )
     report = analyze(ds, "p99<200ms")
     assert report["verdict"]["stage"] == N.STAGE_QUEUE
     ds.close()
@@ -269,7 +303,9 @@ def test_clock_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(N.ENV_TRITON_CLOCK_OFFSET_NS, str(UNIX_AT_ORIGIN - ST.STEADY_ORIGIN_NS))
     ds = load_dataset(traces=[tf])
     (start,) = ds.con.execute("SELECT min(start_unix_ns) FROM requests").fetchone()
-    assert start == UNIX_AT_ORIGIN + min(r.ts[N.TRITON_TS_HTTP_RECV_START] for r in reqs) - ST.STEADY_ORIGIN_NS
+    assert (
+        start == UNIX_AT_ORIGIN + min(r.ts[N.TRITON_TS_HTTP_RECV_START] for r in reqs) - ST.STEADY_ORIGIN_NS
+    )
     assert not any("steady clock" in w for w in ds.warnings)
     ds.close()
     monkeypatch.setenv(N.ENV_TRITON_CLOCK_OFFSET_NS, "soon")
@@ -308,5 +344,28 @@ def test_bad_triton_files_name_file_and_line(tmp_path: Path, text: str, line: in
     with pytest.raises(UserError, match=rf"trace\.json:{line}: .*{re.escape(reason)}"):
         load_dataset(traces=[p])
     ds = load_dataset(traces=[p], skip_bad=True)
-    assert any(reason in w for w in ds.warnings) and ds.con.execute("SELECT count(*) FROM spans").fetchone() == (0,)
+    assert any(reason in w for w in ds.warnings) and ds.con.execute(
+        "SELECT count(*) FROM spans"
+    ).fetchone() == (0,)
     ds.close()
+
+
+def test_triton_gpu_utilization_is_a_rate_not_a_percent(tmp_path: Path) -> None:
+    """Triton's ``nv_gpu_utilization`` is 0.0-1.0 (server docs/user_guide/metrics.md "GPU
+    Utilization"), dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` 0-100: the same GPU at 93 % reads 93 %
+    either way (Triton's was read as 0.93 %)."""
+    uuid = "GPU-951eeeeb-d284-d263-688e-d98a5306389b"
+    scrapes = {
+        N.TRITON_GPU_UTILIZATION: f'{N.TRITON_GPU_UTILIZATION}{{gpu_uuid="{uuid}"}} 0.93\n',
+        N.DCGM_GPU_UTIL: f'{N.DCGM_GPU_UTIL}{{gpu="0",UUID="{uuid}"}} 93\n',
+    }
+    for metric, text in scrapes.items():
+        gpu = tmp_path / f"{metric}.prom"
+        gpu.write_text(text)
+        ds = load_dataset(
+            traces=[CAP / f"{V}_trace-file_incident.json.gz"],
+            metrics=[CAP / f"{V}_trace-file_incident_metrics_after.prom", gpu],
+        )
+        ev = analyze(ds, "p99<300ms")["evidence"]
+        assert ev["utilization_metric"] == metric and ev["utilization_pct"] == pytest.approx(93.0)
+        ds.close()

@@ -16,20 +16,25 @@ histogram ``nv_inference_first_response_histogram_ms`` gives the mean time to fi
 summed over its engines and instances: :func:`~stagescope.analysis.ingest.engine_metrics.vllm_stage_means`
 (re-exported here).
 
-Increases are computed per series (labels, source) ordered by ``ts_ms``, counting a counter reset as
-a restart from zero (as PromQL's ``increase`` does). Results are in **milliseconds**.
+Increases are those of :func:`~stagescope.analysis.ingest.engine_metrics.increases`: a series is a
+metric and its whole label set, whichever files its samples came from (a directory of timestamped
+scrape files is one time series; an untimestamped ``before`` and ``after`` snapshot give their
+difference), a counter reset counts as a restart from zero (as PromQL's ``increase`` does), and a
+model's figure is the sum over its series (instances, pods, failure ``reason``s). Batch size per
+execution is ``increase(nv_inference_count) / increase(nv_inference_exec_count)`` (server
+docs/user_guide/metrics.md "Count": inferences over executions; a request of batch 8 is 8
+inferences). Results are in **milliseconds**.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
 import duckdb
 
 from stagescope import names as N
-from stagescope.analysis.ingest.engine_metrics import vllm_stage_means
+from stagescope.analysis.ingest.engine_metrics import increases, vllm_stage_means
 
 __all__ = ["increase", "trace_coverage", "triton_breakdown", "vllm_stage_means"]
 
@@ -57,20 +62,10 @@ def increase(points: list[tuple[int | None, float | None]]) -> float | None:
     return inc
 
 
-def _series(
-    con: duckdb.DuckDBPyConnection, metrics: list[str], keys: tuple[str, ...]
-) -> dict[tuple[Any, ...], dict[str, float | None]]:
-    """(source, *label values) -> metric -> increase."""
-    rows = con.execute(
-        "SELECT metric, source, [labels[k] for k in ?], ts_ms, value FROM metric_samples WHERE list_contains(?, metric)",
-        [list(keys), metrics],
-    ).fetchall()
-    pts: dict[tuple[Any, ...], dict[str, list[tuple[int | None, float | None]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    for metric, source, labels, ts, value in rows:
-        pts[(source, *labels)][metric].append((ts, value))
-    return {k: {m: increase(p) for m, p in by_metric.items()} for k, by_metric in pts.items()}
+def _sources(src: list[str]) -> str:
+    """Where a model's figures came from: its file (or Prometheus), or the first and last of many."""
+    src = sorted(src)
+    return src[0] if len(src) == 1 else f"{len(src)} sources, {src[0]} .. {src[-1]}"
 
 
 def _per_request(total: float | None, n: float | None, scale: float) -> float | None:
@@ -80,23 +75,36 @@ def _per_request(total: float | None, n: float | None, scale: float) -> float | 
 
 
 def triton_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Per Triton model/version/source: requests in the window and mean ms per request of queue,
-    compute_input, compute_infer, compute_output, the whole request, and the overhead (request minus
-    the four parts); ``queue_share`` = queue / request. The compute parts are per *executed* request
-    (``executed``: requests minus response-cache hits); with the cache on also ``cache_hits``,
+    """Per Triton model/version (summed over its series and files): requests in the window and mean
+    ms per request of queue, compute_input, compute_infer, compute_output, the whole request, and the
+    overhead (request minus the four parts); ``queue_share`` = queue / request; ``failures``;
+    ``executions`` and ``batch_size`` (inferences per execution). The compute parts are per *executed*
+    request (``executed``: requests minus response-cache hits); with the cache on also ``cache_hits``,
     ``cache_hit_ratio`` and ``cache_hit_ms`` (mean lookup time of a hit); with the first-response
-    histogram ``first_response_ms`` (mean, whole-millisecond observations) and ``first_responses``."""
+    histogram ``first_response_ms`` (mean, whole-millisecond observations) and ``first_responses``.
+    ``source``: the files (or Prometheus) the figures came from."""
     first = N.TRITON_FIRST_RESPONSE_MS
-    metrics = [N.TRITON_REQUEST_SUCCESS, N.TRITON_CACHE_HITS, N.TRITON_CACHE_HIT_US, f"{first}_sum",
-               f"{first}_count", *_TRITON_PARTS.values()]  # fmt: skip
-    out = []
+    metrics = [N.TRITON_REQUEST_SUCCESS, N.TRITON_REQUEST_FAILURE, N.TRITON_INFERENCE_COUNT, N.TRITON_EXEC_COUNT,
+               N.TRITON_CACHE_HITS, N.TRITON_CACHE_HIT_US, f"{first}_sum", f"{first}_count",
+               *_TRITON_PARTS.values()]  # fmt: skip
     keys = (N.TRITON_LABEL_MODEL, N.TRITON_LABEL_VERSION)
-    for (source, model, version), inc in sorted(_series(con, metrics, keys).items(), key=str):
+    sources: dict[tuple[Any, ...], str] = {
+        (m, v): _sources(src)
+        for m, v, src in con.execute(
+            "SELECT labels[?], labels[?], list(DISTINCT source) FROM metric_samples WHERE list_contains(?, metric) "
+            "GROUP BY 1, 2",
+            [*keys, metrics],
+        ).fetchall()
+    }
+    out = []
+    for (model, version), inc in sorted(increases(con, metrics, keys).items(), key=str):
+        if model is None:
+            continue  # not a per-model family (no model label)
         n = inc.get(N.TRITON_REQUEST_SUCCESS)
         hits = inc.get(N.TRITON_CACHE_HITS)
         executed = None if n is None else n - (hits or 0.0)
-        row: dict[str, Any] = {"model": model, "version": version, "source": source, "requests": n,
-                               "executed": executed}  # fmt: skip
+        row: dict[str, Any] = {"model": model, "version": version, "source": sources.get((model, version)),
+                               "requests": n, "executed": executed}  # fmt: skip
         for part, metric in _TRITON_PARTS.items():
             denom = executed if part.startswith("compute_") else n
             row[f"{part}_ms"] = _per_request(inc.get(metric), denom, 1e-3)
@@ -105,6 +113,10 @@ def triton_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         row["overhead_ms"] = (known[4] - sum(known[:4])) / n * 1e-3 if n and len(known) == 5 else None
         req = row["request_ms"]
         row["queue_share"] = row["queue_ms"] / req if req and row["queue_ms"] is not None else None
+        row["failures"] = inc.get(N.TRITON_REQUEST_FAILURE)
+        execs, infers = inc.get(N.TRITON_EXEC_COUNT), inc.get(N.TRITON_INFERENCE_COUNT)
+        row["executions"] = execs
+        row["batch_size"] = _per_request(infers, execs, 1.0)
         if hits is not None:
             row["cache_hits"] = hits
             row["cache_hit_ratio"] = hits / n if n else None
@@ -145,4 +157,3 @@ def trace_coverage(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -
                 f"read from the traces, such as the scale-out model's arrivals, are {n / got:.1f}x too low"
             )
     return out
-

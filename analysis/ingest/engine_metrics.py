@@ -134,14 +134,18 @@ def _mean(total: Any, n: Any, scale: float = 1e3) -> float | None:
 
 
 def vllm_stage_means(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Per vLLM model: ``requests`` (the queue histogram's count, summed over engines and instances),
+    """Per vLLM model: ``requests`` (the queue histogram's count, else the e2e or TTFT one, summed
+    over engines and instances),
     ``engines`` (series summed) and the mean ms per request of queue, prefill, decode, inference,
     ttft and e2e (``sum(increase(_sum)) / sum(increase(_count))`` over every series)."""
     metrics = [f"{h}_{s}" for h in _VLLM_PARTS.values() for s in ("sum", "count")]
     out = []
     for (model,), inc in sorted(increases(con, metrics).items(), key=str):
+        # the queue histogram counts every scheduled request; releases before it (vLLM < 0.6) only
+        # the e2e and TTFT ones
+        counts = (inc.get(f"{h}_count") for h in (N.VLLM_QUEUE_TIME, N.VLLM_E2E, N.VLLM_TTFT))
         row: dict[str, Any] = {
-            "model": model, "requests": inc.get(f"{N.VLLM_QUEUE_TIME}_count"), "engines": inc["_series"],
+            "model": model, "requests": next((c for c in counts if c is not None), None), "engines": inc["_series"],
         }  # fmt: skip
         for part, h in _VLLM_PARTS.items():
             row[f"{part}_ms"] = _mean(inc.get(f"{h}_sum"), inc.get(f"{h}_count"))

@@ -87,10 +87,14 @@ SGLANG_ROOT_PATTERN = r"^\s*([A-Za-z_]+ )?Req \S+$"
 MAX_DEPTH = 16
 
 _LIFECYCLE = (N.VLLM_SPAN_QUEUE, N.VLLM_SPAN_PREFILL, N.VLLM_SPAN_DECODE, N.VLLM_SPAN_WAIT_REMOTE_KV)
-#: A span with an engine's latency attributes (or vLLM's span name); ``s`` is the span.
+#: A span with an engine's latency attributes (or vLLM's span name); ``s`` is the span. SGLang's
+#: request root is one by its name with any ``gen_ai.latency`` time: a request aborted before its
+#: first token has only ``e2e`` (req_time_stats.py ``convert_to_gen_ai_span_attrs`` sets each key
+#: only when both its timestamps exist), and it is still SGLang's request, of route ``Req``.
 ENGINE_CONDITION = (
     f"(s.name = {sql_str(N.VLLM_SPAN_NAME)} OR s.queue_s IS NOT NULL OR s.prefill_s IS NOT NULL "
-    "OR s.decode_s IS NOT NULL)"
+    "OR s.decode_s IS NOT NULL OR ((s.e2e_s IS NOT NULL OR s.ttft_s IS NOT NULL) "
+    f"AND regexp_matches(s.name, {sql_str(SGLANG_ROOT_PATTERN)})))"
 )
 
 

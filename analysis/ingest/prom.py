@@ -3,7 +3,13 @@
 Tolerates what real scrapes and hand-kept fixtures contain: mixed metric families, comments other
 than ``HELP``/``TYPE`` (``# NOTE ...``), empty ``# HELP NAME`` lines, spaces after the commas between
 labels, a trailing comma, label-less samples, no trailing newline, ``NaN``/``+Inf``, optional
-millisecond timestamps, OpenMetrics ``# EOF``. dcgm-exporter's "blank" sentinels (int64 values
+millisecond timestamps, and OpenMetrics text (prometheus/docs docs/specs/om/open_metrics_spec.md,
+"Text format"): the ``# EOF`` line, exemplars after a sample (``x_bucket{le="0.1"} 8 # {trace_id="..."}
+0.05 1.7e9``, dropped: they are one observation, not the counts), ``_created`` samples (kept as their
+own metric, read by nobody), sample names whose colons the writer escaped (restored from the
+``# TYPE`` line, see :func:`_colon_families`) and timestamps in **seconds** (a float, or an integer in a file ending in
+``# EOF``; an integer of 1e11 or more there is taken as milliseconds, as the exposition format and
+stagescope's scrape recorder write them). dcgm-exporter's "blank" sentinels (int64 values
 9223372036854775792..807, int32 2147483632..647, fp64 >= 1.40737488355328e14 on ``DCGM_`` metrics)
 mean "no value" and become NULL. A line that is none of these is bad input (file and line named).
 """
@@ -32,8 +38,12 @@ METRIC_SUFFIXES = (".prom", ".txt", ".metrics")
 Sample = tuple[str, dict[str, str], float | None, int | None]  # metric, labels, value, ts_ms
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})\s*(\{{.*\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
+#: A sample's name and labels (label values may hold ``}``, ``#`` and escaped quotes); the rest of
+#: the line is ``value [timestamp] [# exemplar]``.
+_HEAD = re.compile(rf'^({_NAME})(?:\s*(\{{(?:[^"}}]|"(?:[^"\\]|\\.)*")*\}}))?')
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+#: An OpenMetrics integer timestamp this large is milliseconds (seconds would be after the year 5000).
+_MS_FROM = 10**11
 _ESC = re.compile(r"\\(.)")
 _INT64_BLANK_MIN = 9223372036854775792
 _INT32_BLANKS = range(2147483632, 2147483648)
@@ -75,21 +85,68 @@ def _value(metric: str, raw: str, where: str) -> float | None:
 
 def parse_exposition(text: str, source: str = "<metrics>") -> Iterator[Sample]:
     """Samples of one exposition text; raises :class:`UserError` naming ``source`` and the line."""
-    for no, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    openmetrics = any(line.strip() == "# EOF" for line in lines)
+    unescape = _colon_families(lines) if openmetrics else {}
+    for no, line in enumerate(lines, 1):
         s = line.strip()
         if not s or s.startswith("#"):
             continue
         where = f"{source}:{no}"
-        m = _SAMPLE.match(s)
-        if not m:
+        m = _HEAD.match(s)
+        rest = s[m.end() :] if m else ""
+        if m and rest.lstrip().startswith("{"):
+            raise UserError(f"{where}: malformed labels {rest.strip()[:60]!r}")
+        fields = rest.split("#", 1)[0].split()  # an OpenMetrics exemplar follows " # "
+        if not m or not rest[:1].isspace() or len(fields) not in (1, 2):
             raise UserError(f"{where}: not a Prometheus exposition line: {s[:60]!r}")
-        name, labels, raw, ts = m.groups()
+        name, labels = m.groups()
+        if unescape and ":" not in name:
+            name = _unescaped(name, unescape)
+        raw, ts = fields[0], (fields[1] if len(fields) == 2 else None)
         yield (
             name,
             _labels(labels, where) if labels else {},
             _value(name, raw, where),
-            int(ts) if ts else None,
+            _timestamp_ms(ts, openmetrics, where) if ts else None,
         )
+
+
+def _colon_families(lines: list[str]) -> dict[str, str]:
+    """``# TYPE`` families whose names hold a colon (``vllm:...``, ``sglang:...``), by their name with
+    underscores: prometheus_client 0.26's OpenMetrics writer keeps the colon on ``# HELP``/``# TYPE``
+    but escapes the samples' names with the label-name character set (openmetrics/exposition.py
+    ``generate_latest``: ``_escape(s.name, escaping, _is_legacy_labelname_rune)``), so a vLLM scrape
+    negotiated as OpenMetrics writes ``vllm_e2e_request_latency_seconds_bucket``."""
+    out = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "#" and parts[1] == "TYPE" and ":" in parts[2]:
+            out[parts[2].replace(":", "_")] = parts[2]
+    return dict(sorted(out.items(), key=lambda kv: -len(kv[0])))  # the longest family name first
+
+
+def _unescaped(name: str, families: dict[str, str]) -> str:
+    """``name`` with its family's colons restored (see :func:`_colon_families`)."""
+    for escaped, family in families.items():
+        if name == escaped or (name.startswith(escaped) and name[len(escaped)] == "_"):
+            return family + name[len(escaped) :]
+    return name
+
+
+def _timestamp_ms(raw: str, openmetrics: bool, where: str) -> int:
+    """A sample's timestamp in Unix ms: the text format writes integer ms, OpenMetrics seconds (see
+    the module docstring)."""
+    if re.fullmatch(r"-?\d+", raw):
+        v = int(raw)
+        return v * 1000 if openmetrics and abs(v) < _MS_FROM else v
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise UserError(f"{where}: timestamp {raw!r} is not a number") from None
+    if not math.isfinite(seconds):
+        raise UserError(f"{where}: timestamp {raw!r} is not a finite number")
+    return round(seconds * 1000)
 
 
 def insert_samples(ds: Dataset, samples: Sequence[Sample], source: str) -> int:
