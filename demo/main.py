@@ -70,8 +70,7 @@ def _run(
     from stagescope.loadgen.display import LiveProgress
 
     eng = get_engine(engine)
-    # its truth as measured here (Engine.resolve) and its rate as sized to the machine
-    sc, _ = apply_workload(eng.resolve(eng.get_scenario(name)), overrides)
+    sc, _ = apply_workload(eng.get_scenario(name), overrides)  # its rate as sized to the machine
     ensure_writable_dir(out, "the demo's output there")  # one line, before any output
     if port:
         check_port_free(port)
@@ -265,9 +264,8 @@ def _signed(x: float | None) -> str:
 def run_one(
     name: str, out: Path, *, duration_s: float, apply_lever: bool, port: int, engine: str = DEFAULT_ENGINE
 ) -> int:
-    listed = get_engine(engine).get_scenario(name)  # an unknown name: one line, before any work
+    sc = get_engine(engine).get_scenario(name)
     _prepare(engine)
-    sc = get_engine(engine).resolve(listed)  # its truth as measured here (Engine.resolve)
     sized = _sizing(engine, name)
     duration_s = _duration(duration_s, sized)
     before = _run(name, out, duration_s=duration_s, apply_lever=False, port=port, label="run", engine=engine,
@@ -331,9 +329,8 @@ def run_one(
 def run_all(
     out: Path, *, duration_s: float, apply_lever: bool, port: int, engine: str = DEFAULT_ENGINE
 ) -> int:
+    scenarios = get_engine(engine).scenarios
     _prepare(engine)
-    eng = get_engine(engine)
-    scenarios = {n: eng.resolve(sc) for n, sc in eng.scenarios.items()}  # their truths as measured here
     table = Table(title=f"stagescope demo --all ({engine} engine): found vs true cause")
     for col in ("scenario", "true stage", "true lever", "found stage", "found lever", "SLO", "measured",
                 "predicted after lever", *(["measured after lever", "after vs predicted", "judged by intervals"] if apply_lever else []),

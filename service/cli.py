@@ -114,11 +114,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["backend"] = args.backend
     if args.feature_store is not None:
         overrides["feature_store"] = args.feature_store
-    sc = engine.get_scenario(args.scenario)  # an unknown name is one line naming the engine's scenarios
-    if args.apply_lever and sc.gated is not None:  # the lever as this machine's measured truth has it
-        engine.check_available()
-        sc = engine.resolve(sc)
-    settings = settings_for(args.scenario, apply_lever=args.apply_lever, overrides=overrides, scenarios={sc.name: sc})
+    engine.get_scenario(args.scenario)  # an unknown name is one line naming the engine's scenarios
+    settings = settings_for(args.scenario, apply_lever=args.apply_lever, overrides=overrides, scenarios=engine.scenarios)
     if settings.backend == "onnx":  # one line naming the missing packages, before anything starts
         get_engine("onnx").check_available()
     if args.list_settings:

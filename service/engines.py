@@ -10,7 +10,6 @@ it. Adding an engine is a new module with its :class:`Engine` and one line in :d
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,39 +68,16 @@ def _onnx_sizing(sc: Scenario) -> tuple[dict[str, Any], str | None]:
     )
 
 
-def _as_listed(sc: Scenario) -> Scenario:
-    return sc
-
-
-def _onnx_resolve(sc: Scenario) -> Scenario:
-    """``sc`` with its truth as this machine's model measures it: a scenario whose budget is expected to
-    reject INT8 (``gated``) has quantize as its truth where INT8's measured eval-set drop is within the
-    budget (whether INT8 costs this model an eval image depends on the machine and the library versions
-    it was trained with: README)."""
-    if sc.gated is None or sc.quality_budget is None:
-        return sc
-    from stagescope.service.onnx_model import ensure_artifacts
-
-    acc = ensure_artifacts().manifest["eval_accuracy"]
-    drop = round((float(acc["fp32"]) - float(acc["int8"])) * 100, 4)
-    if drop > sc.quality_budget:
-        return sc
-    lever, change = sc.gated
-    return dataclasses.replace(
-        sc, lever=lever, lever_overrides=change, gated=None,
-        description=f"{sc.description} (INT8 costs this model {drop:g} points here: within the budget, so {lever})",
-    )  # fmt: skip
-
-
 def _onnx_prepare() -> str | None:
-    from stagescope.service.onnx_model import ensure_artifacts
+    from stagescope.service.onnx_model import MODELS, ensure_artifacts
 
-    art = ensure_artifacts()
-    acc = art.manifest["eval_accuracy"]
-    return (
-        f"model {art.folder} ({art.manifest['eval_images']} held-out eval images: FP32 accuracy "
-        f"{acc['fp32']:.2%}, INT8 {acc['int8']:.2%}; made as its manifest.json says)"
-    )
+    lines = []
+    for model in MODELS:  # every scenario's model, so that no run stops to build one
+        art = ensure_artifacts(model=model)
+        acc = art.manifest["eval_accuracy"]
+        lines.append(f"{model} {art.folder} ({art.manifest['eval_images']} held-out eval images: FP32 accuracy "
+                     f"{acc['fp32']:.2%}, INT8 {acc['int8']:.2%})")  # fmt: skip
+    return "models " + "; ".join(lines) + "; made as their manifest.json says"
 
 
 @dataclass(frozen=True)
@@ -127,9 +103,6 @@ class Engine:
     #: engine settings carrying a value the analysis chose for the lever it recommends (its report),
     #: applied on top of the scenario's lever change in the lever check
     lever_settings: Callable[[str | None, Mapping[str, Any]], dict[str, Any]] = _no_lever_settings
-    #: the scenario with its truth as measured on this machine (onnx: a budget-gated lever that costs
-    #: nothing here is the truth); the listed table otherwise
-    resolve: Callable[[Scenario], Scenario] = _as_listed
 
     def get_scenario(self, name: str) -> Scenario:
         """The scenario called ``name`` on this engine; an unknown one is a UserError listing them."""
@@ -171,7 +144,7 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
                    "simulated"),
             Engine("onnx", "reference service, real digits model on ONNX Runtime (CPU)", ONNX_SCENARIOS,
                    "slow-compute", "onnx", _onnx_missing, "pip install 'stagescope[onnx]'", _onnx_prepare,
-                   _onnx_sizing, resolve=_onnx_resolve),
+                   _onnx_sizing),
             Engine(llama_engine.NAME, llama_engine.LABEL, llama_engine.SCENARIOS, llama_engine.DEFAULT_SCENARIO,
                    llama_engine.NAME, llama_engine.missing, "pip install 'stagescope[llama-cpp]'",
                    llama_engine.prepare, llama_engine.sizing, command=llama_engine.serve_command,

@@ -1,7 +1,8 @@
 """``onnx``: the reference service's ``/v1/predict`` model on ONNX Runtime (real compute, real INT8).
 
-The model is the digits classifier of :mod:`stagescope.service.onnx_model` (trained on this machine,
-cached). Each request names the images it asks to classify: the load generator sends 16 floats,
+The model is a digits classifier of :mod:`stagescope.service.onnx_model` (trained on this machine,
+cached): ``digits-mlp``, or with ``onnx_model=digits-ink-mlp`` the variant with a raw-unit ink input
+that dynamic INT8 hurts. Each request names the images it asks to classify: the load generator sends 16 floats,
 not images, so the request's input hash picks ``units`` images of the held-out eval set (``units``
 is ``items_per_request``, or ``heavy_items`` for the ``heavy_share`` of inputs chosen by hash, as in
 every backend). A batch is one ``InferenceSession.run`` over all its items' images stacked into one
@@ -86,7 +87,7 @@ def _session(path: str, level: str, threads: int) -> Any:
 
 
 class OnnxBackend:
-    """The digits MLP on ONNX Runtime; see the module docstring."""
+    """A digits MLP on ONNX Runtime; see the module docstring."""
 
     name = "onnx"
 
@@ -112,7 +113,7 @@ class OnnxBackend:
         return sorted({*_BENCH_ROWS, s.items_per_request, s.heavy_items if s.heavy_share > 0 else 1})
 
     def _load_sync(self) -> None:
-        art = ensure_artifacts()
+        art = ensure_artifacts(model=self.settings.onnx_model)
         x, y = art.eval_set()
         s = self.settings
         sessions = {}
@@ -180,7 +181,7 @@ def size_heavy_items(settings: Settings, target_ms: float, rows: int = 1000) -> 
     per image than a small one (its activations outgrow the caches). Wall time, with the machine's
     current load, which stretches it 1-4x on a shared 2-core machine: a fixed image count breaches on a
     busy machine and not on an idle one. Between 500 and 50,000 images."""
-    art = ensure_artifacts()
+    art = ensure_artifacts(model=settings.onnx_model)
     x, _ = art.eval_set()
     sess = _session(str(art.int8 if settings.quantize else art.fp32), settings.ort_optimization, settings.onnx_threads)
     rng = np.random.default_rng(settings.seed)

@@ -119,9 +119,6 @@ class Scenario:
     #: for engines that size heavy requests to the machine (onnx): a heavy request's batch takes this
     #: multiple of the SLO threshold at the pace measured just before the run (None: the engine's default)
     heavy_over_slo: float | None = None
-    #: a lever the scenario's quality budget is expected to reject, and its setting change: where the
-    #: engine measures the lever's cost within the budget, that lever is the truth instead (Engine.resolve)
-    gated: tuple[str, Mapping[str, Any]] | None = None
 
     @property
     def slo(self) -> SLO:

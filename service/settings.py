@@ -32,6 +32,7 @@ from stagescope.validate import check_number, check_text, parse_bool
 __all__ = [
     "BACKENDS",
     "BOUNDS",
+    "ONNX_MODELS",
     "ORT_OPTIMIZATION_LEVELS",
     "Settings",
     "apply_overrides",
@@ -42,6 +43,8 @@ __all__ = [
 BACKENDS = ("simulated", "numpy", "torch", "onnx")
 #: ``ort_optimization`` values (ONNX Runtime graph optimization levels, see service.onnx_backend).
 ORT_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+#: ``onnx_model`` values: the models service.onnx_model can build (its MODELS, same names).
+ONNX_MODELS = ("digits-mlp", "digits-ink-mlp")
 _HOUR_MS = 3_600_000  # whole numbers, so messages print them as such; a float lower bound keeps
 _DAY_S = 86_400  # the setting a float
 
@@ -90,6 +93,7 @@ class Settings:
     model_dim: int = 256  # numpy/torch backends: hidden width of the real model
     onnx_threads: int = 1  # onnx backend: intra_op_num_threads of the session (cores one batch may use)
     ort_optimization: str = "all"  # onnx backend: graph optimization level (ORT's default); compile-runtime
+    onnx_model: str = "digits-mlp"  # onnx backend: which built model is served (ONNX_MODELS)
 
     # model lifecycle
     model_load_s: float = 0.3  # time one model load takes
@@ -126,6 +130,8 @@ class Settings:
                 f"setting ort_optimization must be one of {', '.join(ORT_OPTIMIZATION_LEVELS)}, "
                 f"got {self.ort_optimization!r}"
             )
+        if self.onnx_model not in ONNX_MODELS:
+            raise UserError(f"setting onnx_model must be one of {', '.join(ONNX_MODELS)}, got {self.onnx_model!r}")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in _TEXT:

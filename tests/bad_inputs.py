@@ -468,6 +468,8 @@ CLI_ROWS: list[Cli] = [
         r"unknown scenario 'saturated' for engine onnx"),
     Cli("serve-set-onnx-threads", ("serve", "--set", "onnx_threads=0"), r"setting onnx_threads must be a whole number"),
     Cli("serve-set-ort-level", ("serve", "--set", "ort_optimization=max"), r"setting ort_optimization must be one of"),
+    Cli("serve-set-onnx-model", ("serve", "--set", "onnx_model=resnet50"),
+        r"setting onnx_model must be one of digits-mlp, digits-ink-mlp, got 'resnet50'"),
     Cli("serve-set-bool", ("serve", "--set", "quantize=maybe"), r"setting quantize: expected true/false"),
     Cli("serve-set-unknown", ("serve", "--set", "warp_speed=9"), r"unknown setting\(s\) warp_speed"),
     Cli("serve-set-no-equals", ("serve", "--set", "max_batch_size"), r"bad --set 'max_batch_size'"),

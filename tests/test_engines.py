@@ -34,31 +34,6 @@ def test_every_engine_names_its_scenarios_and_the_default_stays_simulated() -> N
     assert cmd[cmd.index("--backend") + 1] == "onnx" and cmd[-1] == "--apply-lever"
 
 
-def test_a_budget_gated_scenario_takes_its_truth_from_the_measured_drop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """slow-compute-strict expects its 0-point budget to reject INT8 (truth compile-runtime); where the
-    model's measured INT8 drop is within the budget, quantize is its truth and its lever's setting
-    change, for the demo and for ``serve --apply-lever`` alike. Whether INT8 costs an eval image depends
-    on the machine and versions (README), so the truth follows the measurement, never the table."""
-    from stagescope.service import onnx_model
-
-    onnx = get_engine("onnx")
-    strict = onnx.scenarios["slow-compute-strict"]
-    assert strict.lever == N.LEVER_COMPILE_RUNTIME and strict.gated is not None
-
-    def manifest(fp32: float, int8: float) -> None:
-        art = type("A", (), {"manifest": {"eval_accuracy": {"fp32": fp32, "int8": int8}}})()
-        monkeypatch.setattr(onnx_model, "ensure_artifacts", lambda: art)
-
-    manifest(0.9711, 0.9689)  # one of 450 images: 0.22 points > 0
-    assert onnx.resolve(strict) is strict
-    manifest(0.9711, 0.9711)  # INT8 changed nothing: within the 0-point budget
-    free = onnx.resolve(strict)
-    assert (free.lever, dict(free.lever_overrides), free.true_stage) == (N.LEVER_QUANTIZE, {"quantize": True}, N.STAGE_COMPUTE)
-    assert "0 points here" in free.description
-    assert onnx.resolve(onnx.scenarios["slow-compute"]) is onnx.scenarios["slow-compute"]  # not gated
-    assert get_engine("simulated").resolve(strict) is strict  # other engines: as listed
-
-
 def test_quality_budget_in_the_slo_file(tmp_path: Path) -> None:
     def write(extra: str) -> Path:
         p = tmp_path / "slo.yaml"
