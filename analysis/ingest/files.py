@@ -11,6 +11,7 @@ are taken from a directory, files named explicitly are always read.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from stagescope.analysis.ingest.readers import Head, detect
 from stagescope.errors import UserError
+from stagescope.paths import not_readable_reason
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.readers import Reader
@@ -53,17 +55,17 @@ def expand_paths(
     out: list[Path] = []
     seen: set[Path] = set()
     for p in map(Path, paths):
-        if p.is_dir():
+        if os.path.isdir(p):  # os.path, not Path.is_dir(): that raises for a name too long
             found = sorted(
                 f for f in p.rglob("*")
                 if f.is_file() and _wanted(f.name, suffixes)
             )  # fmt: skip
             if not found and warnings is not None:
                 warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory: nothing read from it")
-        elif p.is_file():
+        elif os.path.isfile(p):
             found = [p]
         else:
-            raise UserError(f"{p}: no such file or directory")
+            raise UserError(f"{p}: {not_readable_reason(p)}")
         for f in found:
             key = f.resolve()
             if key not in seen:
