@@ -88,8 +88,17 @@ def parse_exposition(text: str, source: str = "<metrics>") -> Iterator[Sample]:
             name,
             _labels(labels, where) if labels else {},
             _value(name, raw, where),
-            int(ts) if ts else None,
+            _timestamp(ts, where) if ts else None,
         )
+
+
+def _timestamp(raw: str, where: str) -> int:
+    """A sample's timestamp (Unix ms, an int64 in the exposition format); more digits than that is bad input."""
+    ts = int(raw) if len(raw) <= 20 else None
+    if ts is None or not -(2**63) <= ts < 2**63:
+        shown = raw if len(raw) <= 24 else raw[:21] + "..."
+        raise UserError(f"{where}: timestamp {shown} is not Unix milliseconds (larger than a 64-bit integer)")
+    return ts
 
 
 def insert_samples(ds: Dataset, samples: Sequence[Sample], source: str) -> int:
