@@ -544,6 +544,8 @@ CLI_ROWS: list[Cli] = [
     Cli("demo-port-70000", ("demo", "--port", "70000", "--out", "{tmp}/d"), r"argument --port"),
     Cli("demo-port-negative", ("demo", "--port=-1", "--out", "{tmp}/d"), r"argument --port"),
     Cli("demo-scenario-unknown", ("demo", "--scenario", "nope", "--out", "{tmp}/d"), r"unknown scenario 'nope'"),
+    # '' was read as "no --scenario" and the default scenario ran (20 s) before s11
+    Cli("demo-scenario-empty", ("demo", "--scenario", "", "--out", "{tmp}/d"), r"unknown scenario ''"),
     Cli("demo-engine-choice", ("demo", "--engine", "tpu", "--out", "{tmp}/d"), r"argument --engine: invalid choice: 'tpu'"),
     Cli("demo-engine-scenario", ("demo", "--engine", "onnx", "--scenario", "saturated", "--out", "{tmp}/d"),
         r"unknown scenario 'saturated' for engine onnx"),
