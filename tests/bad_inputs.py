@@ -176,6 +176,9 @@ _TRACE_FILES: list[tuple[str, str, str | bytes, str]] = [
     ("fake-gzip", "t.jsonl.gz", b"not gzip", r"t.jsonl.gz: named .gz but is not gzip data"),
     ("jaeger-no-spans", "t.json", '{"data":[{"traceID":5,"spans":"x"}]}\n', r"t.json:1: Jaeger trace without"),
     ("truncated-line", "t.jsonl", '{"resourceSpans":[{"scopeSpans":[\n', r"t.jsonl:\d: malformed JSON"),
+    # a NUL byte on line 2 of JSON lines was "t.jsonl:1: not JSON (starts with b'{\"resourceSpans\"')" before s11
+    ("nul-byte-on-line-2", "t.jsonl", (_SPAN % ("1700000000100000000", "1700000000200000000")).encode() + b'{"a\x00": 1}\n',
+     r"t.jsonl:2: binary data \(a NUL byte at offset \d+\), not JSON text"),
     # past int64 (2**63): the hint was "looks like microseconds" before s11
     ("time-int64-overflow", "t.json", _SPAN % (str(2**63), str(2**63 + 5)),
      r"t.json:1: startTimeUnixNano 9223372036854775808 is not a plausible Unix-nanosecond time \(after 2099\)"),

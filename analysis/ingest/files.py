@@ -114,7 +114,11 @@ def sniff(path: Path) -> SniffedFile:
     text = head.lstrip()
     if not text:
         return SniffedFile(path, "empty", is_gz, True, size)
-    if b"\x00" in head[:4096] or text[:1] not in (b"{", b"["):
+    nul = head.find(b"\x00", 0, 4096)
+    if nul >= 0 and text[:1] in (b"{", b"["):  # JSON-looking text with a NUL byte: say where, not ":1"
+        line = head.count(b"\n", 0, nul) + 1
+        raise UserError(f"{path}:{line}: binary data (a NUL byte at offset {nul}), not JSON text")
+    if nul >= 0 or text[:1] not in (b"{", b"["):
         raise UserError(f"{path}:1: not JSON (starts with {head[:16]!r})")
     first_line = text.split(b"\n", 1)[0]
     # one JSON value per line: the first line parses alone, or (a bad first line) the next line opens
