@@ -106,7 +106,8 @@ def _bucket_counts(
     ).fetchone():
         return None  # read under its new name
     rows = con.execute(
-        "SELECT source, labels, ts_ms, value FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
+        # a bucket count of +-Inf is no count (as NaN, read as NULL): it would scale weights by infinity
+        "SELECT source, labels, ts_ms, value FROM metric_samples WHERE metric = ? AND isfinite(value)",
         [f"{family}_bucket"],
     ).fetchall()
     if not rows:
@@ -114,7 +115,7 @@ def _bucket_counts(
     shed = 0.0
     if family == N.METRIC_REQUEST_DURATION:
         got = con.execute(
-            "SELECT sum(value) FROM metric_samples WHERE metric = ? AND value IS NOT NULL",
+            "SELECT sum(value) FROM metric_samples WHERE metric = ? AND isfinite(value)",
             [N.METRIC_REQUESTS_SHED],
         ).fetchone()
         shed = float(got[0] or 0.0) if got else 0.0

@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from stagescope.service.engines import get_engine
 
     engine = get_engine(args.engine)
-    scenario = engine.get_scenario(args.scenario or engine.default_scenario).name  # one line if unknown
+    # `is None`, not `or`: --scenario '' is an unknown scenario (one line), not the default one
+    name = engine.default_scenario if args.scenario is None else args.scenario
+    scenario = engine.get_scenario(name).name  # one line if unknown
     engine.check_available()
     out = ensure_writable_dir(args.out, "the demo's output there")  # before any scenario starts
     if args.all:

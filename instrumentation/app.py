@@ -70,7 +70,11 @@ from starlette.middleware import Middleware
 
 from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_configured
 from stagescope.instrumentation.exposition import metrics_route
-from stagescope.instrumentation.lifecycle import resolve_shutdown_timeout
+from stagescope.instrumentation.lifecycle import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    env_or_fallback,
+    resolve_shutdown_timeout,
+)
 from stagescope.instrumentation.metrics import StageMetrics, make_metrics_app, set_default_metrics
 from stagescope.instrumentation.middleware import (
     MiddlewareState,
@@ -210,9 +214,10 @@ class Instrumentation:
 
 
 def _resolve_mode(mode: str | None) -> str:
+    source = "mode" if mode else f"environment variable {ENV_INSTRUMENTATION_MODE}"
     mode = mode or os.environ.get(ENV_INSTRUMENTATION_MODE, "").strip() or "fast"
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        raise ValueError(f"{source} must be one of {', '.join(MODES)}; got {mode!r}")
     return mode
 
 
@@ -244,13 +249,30 @@ def instrument_app(
     existing = getattr(app, _ATTR, None)
     if existing is not None:
         return existing
-    mode = _resolve_mode(mode)
-    shutdown_timeout = resolve_shutdown_timeout(shutdown_timeout_s)
-    record_query = resolve_record_query(record_query)
+    # arguments are checked (a bad one raises); a bad environment variable is one warning and the
+    # default (env_or_fallback): a deployment's typo never stops the service
+    mode = _resolve_mode(mode) if mode else env_or_fallback(lambda: _resolve_mode(None), "fast", "using mode fast")
+    shutdown_timeout = (
+        resolve_shutdown_timeout(shutdown_timeout_s)
+        if shutdown_timeout_s is not None
+        else env_or_fallback(
+            resolve_shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT_S, f"using {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s"
+        )
+    )
+    record_query = (
+        resolve_record_query(record_query)
+        if record_query is not None
+        else env_or_fallback(resolve_record_query, False, "query strings are not recorded (REDACTED)")
+    )
     configure_stage_names(max_custom_stages)
     if models is None and os.environ.get(ENV_MODELS, "").strip():
         models = [m.strip() for m in os.environ[ENV_MODELS].split(",") if m.strip()]
-    policy = SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample)
+    defaults = SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample, env={})
+    policy = env_or_fallback(
+        lambda: SamplingPolicy.resolve(slow_threshold_ms=slow_threshold_ms, baseline_sample=baseline_sample),
+        defaults,
+        "sampling with the defaults (and the arguments given)",
+    )
     metrics = StageMetrics(registry=registry, models=models, buckets=buckets)
     set_default_metrics(metrics)
 
@@ -265,11 +287,7 @@ def instrument_app(
     ):  # the user's pipeline already goes to that collector (or stagescope was given nowhere else)
         provider = user_provider
     if provider is None and (mode == "otel-fastapi" or _has_destination(spans_dir)):
-        exporter = (
-            make_span_exporter(spans_dir, metrics=metrics, shutdown_timeout_s=shutdown_timeout)
-            if _has_destination(spans_dir)
-            else None
-        )
+        exporter = _span_exporter(spans_dir, metrics, shutdown_timeout) if _has_destination(spans_dir) else None
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -395,6 +413,28 @@ def _redact_query_hook(semconv: str, user_hook: Callable[..., Any] | None) -> Ca
             user_hook(span, scope)
 
     return hook
+
+
+def _span_exporter(spans_dir: Any, metrics: StageMetrics, shutdown_timeout: float) -> SpanExporter | None:
+    """The exporter for ``spans_dir`` (an argument: its errors raise) or the environment's destination
+    (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, STAGESCOPE_SPANS_DIR), which, when it cannot be used (not a URL,
+    a folder that cannot be created), is one warning and no span export: the service and its metrics run."""
+    from_env = spans_dir is None or otlp_endpoint_configured()
+    try:
+        return make_span_exporter(spans_dir, metrics=metrics, shutdown_timeout_s=shutdown_timeout)
+    except (ValueError, OSError) as exc:
+        if not from_env:
+            raise
+        # the endpoint's value is not logged: a URL may carry credentials (user:password@host)
+        where = (
+            "the OTLP endpoint in OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT"
+            if otlp_endpoint_configured()
+            else f"{ENV_SPANS_DIR}={os.environ.get(ENV_SPANS_DIR, '').strip()[:200]!r}"
+        )
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _log.warning("stagescope: %s cannot be used (%s): no spans are exported, metrics only",
+                     where, reason.replace("\n", " "))  # fmt: skip
+        return None
 
 
 def _has_local_destination(spans_dir: object) -> bool:

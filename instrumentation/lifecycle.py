@@ -26,12 +26,33 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from stagescope.names import ENV_SHUTDOWN_TIMEOUT_S
 
-__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT_S", "RateLimitedLog", "resolve_shutdown_timeout"]
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT_S", "RateLimitedLog", "env_or_fallback", "resolve_shutdown_timeout"]
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def env_or_fallback(resolve: Callable[[], _T], fallback: _T, instead: str) -> _T:
+    """``resolve()``, which reads an environment variable and raises ``ValueError`` naming it for a bad
+    value; in an application's process that is one warning line and ``fallback`` (``instead`` says what
+    happens then): a typo in a deployment's telemetry variable never stops the service it observes.
+
+    Only for values that come from the environment: a bad argument of ``instrument_app`` is the
+    caller's code and still raises. stagescope's own commands (``serve``, ``load``) call the resolvers
+    directly before they start and refuse a bad variable (one line, exit 2).
+    """
+    try:
+        return resolve()
+    except ValueError as exc:
+        _log.warning("stagescope: %s; %s", str(exc).replace("\n", " "), instead)
+        return fallback
 
 
 def resolve_shutdown_timeout(value: float | None = None) -> float:

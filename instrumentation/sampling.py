@@ -219,12 +219,14 @@ class SamplingPolicy:
     ) -> SamplingPolicy:
         """Resolve the policy from arguments, then the environment, then the defaults."""
         env = os.environ if env is None else env
+        source = "slow_threshold_ms"
         if slow_threshold_ms is None:
             slow_threshold_ms = _env_float(env, ENV_SLOW_THRESHOLD_MS)
+            source = f"environment variable {ENV_SLOW_THRESHOLD_MS}"  # the message names where it came from
         if slow_threshold_ms is None:
             slow_threshold_ms = DEFAULT_SLOW_THRESHOLD_MS
         if not 0 <= slow_threshold_ms < math.inf:  # also refuses nan
-            raise ValueError(f"slow_threshold_ms must be a finite number >= 0, got {slow_threshold_ms}")
+            raise ValueError(f"{source} must be a finite number >= 0, got {slow_threshold_ms}")
         slow_ns = int(slow_threshold_ms * 1e6)
 
         if baseline_sample is not None:

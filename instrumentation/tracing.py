@@ -166,7 +166,8 @@ def semconv_mode() -> str:
 def resolve_record_query(value: bool | None = None) -> bool:
     """Whether server spans record request query strings: ``value``, else ``$STAGESCOPE_RECORD_QUERY``
     (``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``), else False. Anything else raises
-    ``ValueError`` naming the variable (when the app is instrumented, not on a request)."""
+    ``ValueError`` naming the variable (``stagescope serve`` refuses it; ``instrument_app`` warns once and
+    keeps query strings REDACTED: see lifecycle.env_or_fallback)."""
     if value is not None:
         if not isinstance(value, bool):
             raise ValueError(f"record_query must be True or False, got {value!r}")

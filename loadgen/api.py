@@ -46,7 +46,7 @@ from stagescope.loadgen.streams import OpenAIStream
 from stagescope.loadgen.template import BodyTemplate
 from stagescope.loadgen.traces import read_trace
 from stagescope.names import ENV_SPANS_DIR
-from stagescope.validate import check_http_url, check_span_destination
+from stagescope.validate import check_http_url, check_span_destination, connect_error
 
 __all__ = ["LoadRun", "Target", "build_schedule", "check_url", "default_route", "load", "resolve_target", "run_load"]
 
@@ -161,8 +161,7 @@ async def check_url(url: str, timeout_s: float = 3.0) -> None:
     except TimeoutError:
         raise UserError(f"{url}: no answer to a connection attempt within {timeout_s:g} s") from None
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise UserError(f"{url}: cannot connect: {reason}") from None
+        raise UserError(f"{url}: {connect_error(exc)}") from None
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()

@@ -47,7 +47,9 @@ def read_trace(path: str | Path) -> Schedule:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{p}: no such trace file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # the reason alone ("Is a directory"), not the exception's repr of the path
+        raise UserError(f"{p}: cannot read trace: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
         raise UserError(f"{p}: cannot read trace: {exc}") from None
     lines = text.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)

@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 from stagescope.errors import UserError
 
-__all__ = ["cache_root", "ensure_writable_dir", "ensure_writable_file"]
+__all__ = ["cache_root", "ensure_writable_dir", "ensure_writable_file", "not_readable_reason"]
+
+
+def not_readable_reason(path: str | os.PathLike[str]) -> str:
+    """Why ``path``, which the user named as an input, is neither a regular file nor a folder, in a
+    few words for the one line they get: ``no such file or directory``, ``file name too long``, ``a
+    FIFO (named pipe), not a regular file``, ``a symbolic link to '/x', which does not exist`` ...
+
+    Look inputs up with ``os.path.isfile``/``isdir`` (False on any error) and this, not with
+    ``Path.is_file()``/``exists()``, which raise ``OSError`` for a name longer than the file system
+    allows (Python 3.11: ENAMETOOLONG is not among the errors they ignore).
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)[:200]!r}, which does not exist"
+        if exc.errno == errno.ENOENT:
+            return "no such file or directory"
+        return (exc.strerror or str(exc)).lower()  # file name too long, permission denied, ...
+    except ValueError:  # an embedded NUL byte
+        return "not a file name"
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(st.st_mode):
+            return f"{kind}, not a regular file"
+    return "not a regular file or folder"
 
 
 def ensure_writable_dir(path: str | os.PathLike[str], what: str) -> Path:
@@ -41,10 +69,10 @@ def ensure_writable_file(path: str | os.PathLike[str], what: str, *, create_pare
     p = Path(path)
     if str(path) == "" or p.name in ("", ".", ".."):
         raise UserError(f"{str(path)!r}: expected a file name for {what}")
-    if p.is_dir():
+    if os.path.isdir(p):  # not Path.is_dir(): it raises for a name too long (the probe below says so)
         raise UserError(f"{p}: is a directory; give a file name for {what}")
     parent = p.parent
-    if not create_parents and not parent.is_dir():
+    if not create_parents and not os.path.isdir(parent):
         raise UserError(f"{p}: output folder {parent} does not exist")
     probe = parent / f".{p.name}.stagescope-write-test-{os.getpid()}"
     try:

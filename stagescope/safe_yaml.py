@@ -12,7 +12,10 @@
   parser sees them (PyYAML's scanner is quadratic in their depth: 5,000 levels took 6 s), and any
   nesting by the parser's recursion ("nested too deeply", not a ``RecursionError``);
 * a key repeated in one mapping is refused (YAML keeps the last one silently; a second
-  ``threshold_ms:`` is a mistake, not an override).
+  ``threshold_ms:`` is a mistake, not an override);
+* a scalar that parses but cannot be built is an error naming its line, not a traceback: a date that
+  does not exist (``2001-13-45``), an explicit tag on a value it does not fit (``!!int abc``), an
+  integer of more digits than Python converts (4,300).
 
 It also returns the composed node tree, so callers can name the line of an item or key.
 """
@@ -20,6 +23,7 @@ It also returns the composed node tree, so callers can name the line of an item 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +113,32 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _unbuildable(p: Path, root: yaml.Node, exc: Exception) -> str:
+    """The message for a document whose construction failed: the first scalar that cannot be built."""
+    probe = yaml.SafeLoader("")
+    try:
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.ScalarNode):
+                try:
+                    probe.construct_object(node, deep=True)
+                except (ValueError, OverflowError, TypeError) as bad:
+                    shown = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+                    why = str(bad)
+                    if why.startswith("Exceeds the limit"):  # Python's advice (set_int_max_str_digits) is not the user's
+                        why = f"{len(node.value)} characters; a number has at most {sys.get_int_max_str_digits()} digits"
+                    return f"{p}:{_line(node)}: cannot read the value {shown!r} ({node.tag.rsplit(':', 1)[-1]}): {why}"
+            stack.extend(reversed(_children(node)))
+    finally:
+        probe.dispose()
+    return f"{p}: not valid YAML ({exc})"
+
+
 def load_config_yaml(
     path: str | Path, what: str, *, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int = MAX_CONFIG_NODES
 ) -> tuple[Any, yaml.Node | None]:
@@ -125,7 +155,10 @@ def load_config_yaml(
         if node is None:
             return None, None
         _check_graph(p, node, max_nodes)
-        return loader.construct_document(node), node
+        try:
+            return loader.construct_document(node), node
+        except (ValueError, OverflowError, TypeError) as exc:  # a scalar yaml resolved but cannot build
+            raise UserError(_unbuildable(p, node, exc)) from None
     except RecursionError:
         raise UserError(f"{p}: {what} is nested too deeply to be a configuration file") from None
     except yaml.YAMLError as exc:

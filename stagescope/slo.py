@@ -30,6 +30,7 @@ SLI's histogram has a ``route`` label (``e2e``) and, without one, alert on all r
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,12 +165,14 @@ def parse_duration_s(text: str) -> float:
 def parse_slo(spec: str) -> list[SLO]:
     """Parse ``--slo``: a one-line spec, or the path of an SLO YAML file (returns all its SLOs)."""
     text = spec.strip()
-    if _SPEC.match(text) is None and (Path(text).exists() or text.endswith((".yaml", ".yml"))):
+    shown = spec if len(spec) <= 40 else spec[:37] + "..."
+    # os.path.exists, not Path.exists: that raises for a name too long, and '' would be the folder '.'
+    if text and _SPEC.match(text) is None and (os.path.exists(text) or text.endswith((".yaml", ".yml"))):
         return load_slo_file(text)
     m = _SPEC.match(text)
     if m is None:
         raise UserError(
-            f"bad SLO {spec!r}: expected e.g. 'p99<300ms', 'ttft:p95<500ms', 'itl:p99<60ms' or an SLO YAML file"
+            f"bad SLO {shown!r}: expected e.g. 'p99<300ms', 'ttft:p95<500ms', 'itl:p99<60ms' or an SLO YAML file"
         )
     sli = m["sli"] or SLI_E2E
     if sli not in SLIS:
@@ -186,7 +189,6 @@ def parse_slo(spec: str) -> list[SLO]:
         raise UserError(f"bad SLO {spec!r}: percentile must be between 0 and 100{hint}")
     threshold_ms = float(m["num"]) * (1000.0 if m["unit"] == "s" else 1.0)
     if not math.isfinite(threshold_ms):
-        shown = spec if len(spec) <= 40 else spec[:37] + "..."
         raise UserError(f"bad SLO {shown!r}: the threshold must be a finite number of ms or s")
     try:
         return [SLO(name=text.replace(" ", ""), sli=sli, threshold_ms=threshold_ms, objective=pct / 100.0)]

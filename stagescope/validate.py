@@ -36,6 +36,7 @@ __all__ = [
     "check_reachable",
     "check_span_destination",
     "check_text",
+    "connect_error",
     "host",
     "http_url",
     "integer",
@@ -228,10 +229,10 @@ def readable_file(text: str) -> str:
     regular file (not a folder); its content is checked by its reader, still before any work."""
     if not text or _CONTROL.search(text):
         raise argparse.ArgumentTypeError(f"not a file name: {text[:80]!r}")
-    if not os.path.exists(text):
-        raise argparse.ArgumentTypeError(f"{text[:200]}: no such file")
     if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"{text[:200]}: not a regular file")
+        from stagescope.paths import not_readable_reason
+
+        raise argparse.ArgumentTypeError(f"{text[:200]}: {not_readable_reason(text)}")
     return text
 
 
@@ -266,7 +267,19 @@ def check_reachable(url: str, what: str, *, timeout_s: float = 3.0) -> None:
     except TimeoutError:
         raise UserError(f"{what} {url}: no answer to a connection attempt within {timeout_s:g} s") from None
     except OSError as exc:
-        raise UserError(f"{what} {url}: cannot connect: {exc.strerror or exc}") from None
+        raise UserError(f"{what} {url}: {connect_error(exc)}") from None
+
+
+def connect_error(exc: OSError) -> str:
+    """A failed TCP connection in a few words: ``cannot connect: Connection refused``; a host name that
+    does not resolve (``socket.gaierror``, whose errno is a negative EAI code, not an errno that
+    ``os.strerror`` knows: "Unknown error -2") is ``cannot resolve host name: Name or service not known``."""
+    import socket
+
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve host name: {exc.strerror or exc}"
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc))
+    return f"cannot connect: {reason}"
 
 
 def check_span_destination(spans_dir: str | os.PathLike[str] | None, what: str = "spans") -> None:

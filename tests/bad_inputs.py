@@ -150,6 +150,13 @@ _SLO_FILES: list[tuple[str, str | bytes, str]] = [
     ("python-tag", "slos: !!python/object:os.system [ls]\n", r"not valid YAML"),
     ("timestamp-threshold", slo_yaml(threshold_ms="2001-12-14"), r"threshold_ms must be a finite number"),
     ("huge-file", "# " + "x" * (2 * 1024 * 1024) + "\n" + slo_yaml(), r"larger than 1 MiB"),
+    # scalars YAML resolves but cannot build: a traceback from PyYAML's constructor before s11
+    ("date-that-does-not-exist", slo_yaml(threshold_ms="2001-13-45"),
+     r"slo.yaml:7: cannot read the value '2001-13-45' \(timestamp\): month must be in 1\.\.12"),
+    ("int-tag-on-text", slo_yaml(threshold_ms="!!int abc"), r"slo.yaml:7: cannot read the value 'abc' \(int\)"),
+    ("float-tag-on-text", slo_yaml(window="!!float soon"), r"slo.yaml:9: cannot read the value 'soon' \(float\)"),
+    ("objective-5000-digits", slo_yaml(objective="1" + "0" * 5000),
+     r"slo.yaml:8: cannot read the value '1000.*\.\.\.' \(int\): 5001 characters; a number has at most \d+ digits"),
 ]
 
 _SPAN = (
@@ -169,6 +176,23 @@ _TRACE_FILES: list[tuple[str, str, str | bytes, str]] = [
     ("fake-gzip", "t.jsonl.gz", b"not gzip", r"t.jsonl.gz: named .gz but is not gzip data"),
     ("jaeger-no-spans", "t.json", '{"data":[{"traceID":5,"spans":"x"}]}\n', r"t.json:1: Jaeger trace without"),
     ("truncated-line", "t.jsonl", '{"resourceSpans":[{"scopeSpans":[\n', r"t.jsonl:\d: malformed JSON"),
+    # a NUL byte on line 2 of JSON lines was "t.jsonl:1: not JSON (starts with b'{\"resourceSpans\"')" before s11
+    ("nul-byte-on-line-2", "t.jsonl", (_SPAN % ("1700000000100000000", "1700000000200000000")).encode() + b'{"a\x00": 1}\n',
+     r"t.jsonl:2: binary data \(a NUL byte at offset \d+\), not JSON text"),
+    # past int64 (2**63): the hint was "looks like microseconds" before s11
+    ("time-int64-overflow", "t.json", _SPAN % (str(2**63), str(2**63 + 5)),
+     r"t.json:1: startTimeUnixNano 9223372036854775808 is not a plausible Unix-nanosecond time \(after 2099\)"),
+    ("time-beyond-any-unit", "t.json", _SPAN % ("1" + "0" * 22, "1" + "0" * 22),
+     r"t.json:1: startTimeUnixNano 1000+ is not a plausible Unix-nanosecond time \(too large for a time in any unit\)"),
+    # Zipkin's timestamp is microseconds: nanoseconds there were called "microseconds" before s11
+    ("zipkin-nanoseconds", "t.json",
+     '[{"traceId": "aaaaaaaaaaaaaaaa", "id": "aaaaaaaaaaaaaaaa", "name": "x", "timestamp": 1764000000000000000, "duration": 1}]\n',
+     r"t.json.*timestamp 1764000000000000000 is not plausible epoch microseconds \(looks like nanoseconds\)"),
+    ("jaeger-nanoseconds", "t.json",
+     '{"data": [{"traceID": "aaaaaaaaaaaaaaaa", "spans": [{"traceID": "aaaaaaaaaaaaaaaa", "spanID": "aaaaaaaaaaaaaaaa", '
+     '"operationName": "x", "startTime": 1764000000000000000, "duration": 1, "processID": "p1"}], '
+     '"processes": {"p1": {"serviceName": "s"}}}]}\n',
+     r"t.json.*startTime 1764000000000000000 is not plausible Unix microseconds \(looks like nanoseconds\)"),
 ]
 
 _ONE_LINE_SLOS: list[tuple[str, str, str]] = [
@@ -185,6 +209,11 @@ _ONE_LINE_SLOS: list[tuple[str, str, str]] = [
     ("nan", "p99<nanms", r"bad SLO 'p99<nanms'"),
     ("missing-file", "{tmp}/nope.yaml", r"nope.yaml: SLO file not found"),
     ("directory", "{tmp}/", r"cannot read SLO file|bad SLO"),
+    # '' and ' ' were read as the folder '.' ("cannot read SLO file: Is a directory") before s11
+    ("empty", "", r"bad SLO '': expected e\.g\. 'p99<300ms'"),
+    ("blank", " ", r"bad SLO ' ': expected e\.g\. 'p99<300ms'"),
+    # longer than a file name may be: Path.exists() raised OSError (a traceback) before s11
+    ("longer-than-a-file-name", "p" * 5000, r"bad SLO 'ppp+\.\.\.': expected"),
 ]
 
 _ANALYZE = ("analyze", "--traces", "{traces}")
@@ -251,6 +280,17 @@ CLI_ROWS: list[Cli] = [
     Cli("analyze-results-wrong-columns", (*_ANALYZE, "--slo", "p99<300ms", "--results", "{tmp}/r.parquet"),
         r"r.parquet: not a readable Parquet file", files={"r.parquet": b"PAR1garbage"}),
     Cli("analyze-traces-proc", ("analyze", "--traces", "/proc/nope", "--slo", "p99<300ms"), r"/proc/nope"),
+    Cli("analyze-metrics-timestamp-overflow", (*_ANALYZE, "--slo", "p99<300ms", "--metrics", "{tmp}/m.prom"),
+        r"m.prom:2: timestamp 99999999999999999999999 is not Unix milliseconds",
+        files={"m.prom": "up 1 1763640005000\nup 1 99999999999999999999999\n"}),
+    Cli("analyze-traces-name-too-long", ("analyze", "--traces", "{tmp}/" + "t" * 300, "--slo", "p99<300ms"),
+        r"/ttt+: file name too long"),
+    Cli("analyze-metrics-name-too-long", (*_ANALYZE, "--slo", "p99<300ms", "--metrics", "{tmp}/" + "m" * 300),
+        r"/mmm+: file name too long"),
+    Cli("analyze-results-name-too-long", (*_ANALYZE, "--slo", "p99<300ms", "--results", "{tmp}/" + "r" * 300),
+        r"/rrr+: file name too long"),
+    Cli("analyze-out-name-too-long", (*_ANALYZE, "--slo", "p99<300ms", "--out", "{tmp}/" + "o" * 300),
+        r"/ooo+: cannot write the report: File name too long"),
     Cli("analyze-metrics-missing", (*_ANALYZE, "--slo", "p99<300ms", "--metrics", "{tmp}/m.prom"), r"m.prom"),
     Cli("analyze-metrics-binary", (*_ANALYZE, "--slo", "p99<300ms", "--metrics", "{tmp}/m.prom"), r"m.prom",
         files={"m.prom": _BINARY}),
@@ -315,6 +355,10 @@ CLI_ROWS: list[Cli] = [
     Cli("load-url-space", ("load", "--url", "http://127.0.0.1:8000/a b", *_SYN, "--out", "{tmp}/r.parquet"),
         r"spaces or control characters"),
     Cli("load-url-refused", (*_LOAD, *_SYN), r"cannot connect"),
+    Cli("load-out-name-too-long", ("load", "--url", "{dead}", *_SYN, "--out", "{tmp}/" + "o" * 300),
+        r"/ooo+: cannot write results: File name too long"),
+    # the reason alone, not Python's "[Errno 21] Is a directory: '<the path again>'" (before s11)
+    Cli("load-trace-directory-reason", (*_LOAD, "--trace", "{tmp}"), r"cannot read trace: Is a directory$"),
     Cli("load-rate-nan", (*_LOAD, "--rate", "nan", "--duration", "1"), r"argument --rate: expected a finite number in \(0, 1e\+06\]"),
     Cli("load-rate-inf", (*_LOAD, "--rate", "inf", "--duration", "1"), r"argument --rate: expected a finite", real=True),
     Cli("load-rate-zero", (*_LOAD, "--rate", "0", "--duration", "1"), r"argument --rate: expected a finite number in \(0"),
@@ -505,6 +549,8 @@ CLI_ROWS: list[Cli] = [
     Cli("demo-port-70000", ("demo", "--port", "70000", "--out", "{tmp}/d"), r"argument --port"),
     Cli("demo-port-negative", ("demo", "--port=-1", "--out", "{tmp}/d"), r"argument --port"),
     Cli("demo-scenario-unknown", ("demo", "--scenario", "nope", "--out", "{tmp}/d"), r"unknown scenario 'nope'"),
+    # '' was read as "no --scenario" and the default scenario ran (20 s) before s11
+    Cli("demo-scenario-empty", ("demo", "--scenario", "", "--out", "{tmp}/d"), r"unknown scenario ''"),
     Cli("demo-engine-choice", ("demo", "--engine", "tpu", "--out", "{tmp}/d"), r"argument --engine: invalid choice: 'tpu'"),
     Cli("demo-engine-scenario", ("demo", "--engine", "onnx", "--scenario", "saturated", "--out", "{tmp}/d"),
         r"unknown scenario 'saturated' for engine onnx"),

@@ -166,8 +166,18 @@ def test_the_span_sink_writes_no_query(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["maybe", "2"])
 def test_a_bad_record_query_setting_is_refused_when_instrumenting(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variable's reader refuses it (stagescope serve: one line, exit 2); in a user's service it is
+    one warning and the private default, not a service that does not start (session 11)."""
+    from stagescope.instrumentation.tracing import resolve_record_query
+
     monkeypatch.setenv(names.ENV_RECORD_QUERY, bad)
     with pytest.raises(ValueError, match=names.ENV_RECORD_QUERY):
-        stagescope.instrument_app(make_app(), service_name="q-svc", registry=CollectorRegistry())
+        resolve_record_query()
+    app = make_app()
+    inst = stagescope.instrument_app(app, service_name="q-svc", registry=CollectorRegistry())
+    try:
+        assert inst.state.builder.record_query is False
+    finally:
+        uninstrument_app(app)
     with pytest.raises(ValueError, match="record_query"):
         stagescope.instrument_app(make_app(), service_name="q-svc", registry=CollectorRegistry(), record_query=1)  # type: ignore[arg-type]

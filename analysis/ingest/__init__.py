@@ -18,6 +18,7 @@ once, and ``load_dataset(traces=[that_dir])`` reads them back without re-parsing
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import weakref
@@ -113,16 +114,16 @@ def _connect(
 def _input_bytes(paths: Sequence[str | Path]) -> int:
     """Approximate uncompressed input size (gzip counted at 8x, the usual ratio for OTLP JSON)."""
     files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
+    for p in map(Path, paths):  # os.path: Path.is_dir() raises for a name too long (reported later)
+        if os.path.isdir(p):
             files.extend(f for f in p.rglob("*") if f.is_file())
         else:
             files.append(p)
-    return sum(f.stat().st_size * (8 if f.name.endswith(".gz") else 1) for f in files if f.is_file())
+    return sum(f.stat().st_size * (8 if f.name.endswith(".gz") else 1) for f in files if os.path.isfile(f))
 
 
 def _preingested(paths: Sequence[str | Path]) -> list[Path]:
-    return [Path(p) for p in paths if (Path(p) / MANIFEST).is_file()]
+    return [Path(p) for p in paths if os.path.isfile(Path(p) / MANIFEST)]
 
 
 def load_dataset(

@@ -36,15 +36,22 @@ class Problem:
     message: str
 
 
-def unit_guess(v: int) -> str:
-    """What a too-small epoch timestamp probably is."""
+def unit_guess(v: int, unit: str = "ns") -> str:
+    """What an implausible epoch timestamp, read as ``unit`` (``"ns"`` or ``"us"``), probably is.
+
+    Judged by magnitude alone (a time of this century is about 1.7e9 s, 1.7e12 ms, 1.7e15 us, 1.7e18 ns),
+    so a value too large for its unit is not called microseconds: it is "nanoseconds" for a microsecond
+    field, "after 2099" for a nanosecond one, or too large for any unit (an int64 overflow, a counter).
+    """
     if v <= 0:
         return "not a timestamp"
-    if v < 10**11:
-        return "looks like seconds"
-    if v < 10**14:
-        return "looks like milliseconds"
-    return "looks like microseconds"
+    bounds = ((10**11, "seconds"), (10**14, "milliseconds"), (10**17, "microseconds"), (10**20, "nanoseconds"))
+    name = next((n for bound, n in bounds if v < bound), None)
+    if name is None:
+        return "too large for a time in any unit"
+    if name == {"ns": "nanoseconds", "us": "microseconds"}[unit]:
+        return "after 2099"  # the unit fits; below 1973 the value is a smaller unit, caught above
+    return f"looks like {name}"
 
 
 def _int64(v: Any) -> int | None:

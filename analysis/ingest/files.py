@@ -11,6 +11,7 @@ are taken from a directory, files named explicitly are always read.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from stagescope.analysis.ingest.readers import Head, detect
 from stagescope.errors import UserError
+from stagescope.paths import not_readable_reason
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest.readers import Reader
@@ -53,17 +55,17 @@ def expand_paths(
     out: list[Path] = []
     seen: set[Path] = set()
     for p in map(Path, paths):
-        if p.is_dir():
+        if os.path.isdir(p):  # os.path, not Path.is_dir(): that raises for a name too long
             found = sorted(
                 f for f in p.rglob("*")
                 if f.is_file() and _wanted(f.name, suffixes)
             )  # fmt: skip
             if not found and warnings is not None:
                 warnings.append(f"{p}: no {'/'.join(suffixes)} files in this directory: nothing read from it")
-        elif p.is_file():
+        elif os.path.isfile(p):
             found = [p]
         else:
-            raise UserError(f"{p}: no such file or directory")
+            raise UserError(f"{p}: {not_readable_reason(p)}")
         for f in found:
             key = f.resolve()
             if key not in seen:
@@ -112,7 +114,11 @@ def sniff(path: Path) -> SniffedFile:
     text = head.lstrip()
     if not text:
         return SniffedFile(path, "empty", is_gz, True, size)
-    if b"\x00" in head[:4096] or text[:1] not in (b"{", b"["):
+    nul = head.find(b"\x00", 0, 4096)
+    if nul >= 0 and text[:1] in (b"{", b"["):  # JSON-looking text with a NUL byte: say where, not ":1"
+        line = head.count(b"\n", 0, nul) + 1
+        raise UserError(f"{path}:{line}: binary data (a NUL byte at offset {nul}), not JSON text")
+    if nul >= 0 or text[:1] not in (b"{", b"["):
         raise UserError(f"{path}:1: not JSON (starts with {head[:16]!r})")
     first_line = text.split(b"\n", 1)[0]
     # one JSON value per line: the first line parses alone, or (a bad first line) the next line opens

@@ -87,7 +87,7 @@ def _span_row(sp: Any, procs: dict[str, Any], file: str) -> dict[str, Any]:
     start_ns = start * 1000
     if not MIN_NS <= start_ns <= MAX_NS:
         raise BadEntry(
-            f"span {sid}: startTime {start} is not plausible Unix microseconds ({unit_guess(start)})",
+            f"span {sid}: startTime {start} is not plausible Unix microseconds ({unit_guess(start, 'us')})",
             str(start),
         )
     tags = {t.get("key"): t.get("value") for t in sp.get("tags") or [] if isinstance(t, dict)}

@@ -137,16 +137,21 @@ def _unescaped(name: str, families: dict[str, str]) -> str:
 def _timestamp_ms(raw: str, openmetrics: bool, where: str) -> int:
     """A sample's timestamp in Unix ms: the text format writes integer ms, OpenMetrics seconds (see
     the module docstring)."""
-    if re.fullmatch(r"-?\d+", raw):
+    if re.fullmatch(r"-?\d{1,20}", raw):
         v = int(raw)
-        return v * 1000 if openmetrics and abs(v) < _MS_FROM else v
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise UserError(f"{where}: timestamp {raw!r} is not a number") from None
-    if not math.isfinite(seconds):
-        raise UserError(f"{where}: timestamp {raw!r} is not a finite number")
-    return round(seconds * 1000)
+        ms = v * 1000 if openmetrics and abs(v) < _MS_FROM else v
+    else:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise UserError(f"{where}: timestamp {raw[:24]!r} is not a number") from None
+        if not math.isfinite(seconds):
+            raise UserError(f"{where}: timestamp {raw[:24]!r} is not a finite number")
+        ms = round(seconds * 1000)
+    if not -(2**63) <= ms < 2**63:  # the exposition format's int64 milliseconds
+        shown = raw if len(raw) <= 24 else raw[:21] + "..."
+        raise UserError(f"{where}: timestamp {shown} is not Unix milliseconds (larger than a 64-bit integer)")
+    return ms
 
 
 def insert_samples(ds: Dataset, samples: Sequence[Sample], source: str) -> int:

@@ -10,6 +10,7 @@ a file without the required ones is bad input.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ import duckdb
 from stagescope.analysis.ingest.otlp import sql_str
 from stagescope.analysis.ingest.traces import FileSummary
 from stagescope.errors import UserError
+from stagescope.paths import not_readable_reason
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest import Dataset
@@ -55,7 +57,7 @@ def load_results(ds: Dataset, paths: Sequence[str | Path], *, skip_bad: bool = F
     ddl = ", ".join(f"{c} {t}" for c, t in RESULT_COLUMNS.items())
     ds.con.execute(f"CREATE TABLE client_results ({ddl}, source VARCHAR)")
     for p in map(Path, paths):
-        files = sorted(p.rglob("*.parquet")) if p.is_dir() else [p]
+        files = sorted(p.rglob("*.parquet")) if os.path.isdir(p) else [p]
         for f in files:
             try:
                 n = _load_one(ds.con, f)
@@ -69,8 +71,8 @@ def load_results(ds: Dataset, paths: Sequence[str | Path], *, skip_bad: bool = F
 
 
 def _load_one(con: duckdb.DuckDBPyConnection, f: Path) -> int:
-    if not f.is_file():
-        raise UserError(f"{f}: no such file")
+    if not os.path.isfile(f):
+        raise UserError(f"{f}: {not_readable_reason(f)}")
     try:
         cols = {
             r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet({sql_str(str(f))})").fetchall()

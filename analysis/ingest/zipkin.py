@@ -76,7 +76,7 @@ def _row(sp: Any, file: str) -> dict[str, Any] | None:
     start = _micros(sp["timestamp"], "timestamp", sid)
     dur = _micros(sp.get("duration", 0), "duration", sid)
     if not MIN_NS <= start * 1000 <= MAX_NS:
-        raise BadEntry(f"span {sid}: timestamp {start} is not plausible epoch microseconds ({unit_guess(start)})",
+        raise BadEntry(f"span {sid}: timestamp {start} is not plausible epoch microseconds ({unit_guess(start, 'us')})",
                    str(start))  # fmt: skip
     tags = sp.get("tags") or {}
     if not isinstance(tags, dict):
