@@ -33,6 +33,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,8 @@ class SLO:
     @property
     def spec(self) -> str:
         """The one-line form, for example ``ttft:p95<500ms``."""
-        pct = f"{self.objective * 100:.10g}"
         prefix = "" if self.sli == SLI_E2E else f"{self.sli}:"
-        return f"{prefix}p{pct}<{self.threshold_ms:g}ms"
+        return f"{prefix}p{_plain(self.objective * 100)}<{_plain(self.threshold_ms)}ms"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +148,13 @@ class SLO:
             "accelerator_price_per_hour": self.accelerator_price_per_hour,
             "autoscaler_metric": self.autoscaler_metric,
         }
+
+
+def _plain(x: float) -> str:
+    """``x`` in plain decimal digits that :func:`parse_slo` reads back: 15 significant digits (so a
+    float's noise, ``99.99999999000001``, goes), never an exponent (``1.23457e+06`` is no SLO)."""
+    text = f"{x:.15g}"
+    return text if "e" not in text else format(Decimal(text), "f")
 
 
 def parse_duration_s(text: str) -> float:

@@ -54,6 +54,25 @@ def test_parse_slo_spec(spec: str, sli: str, objective: float, threshold_ms: flo
     assert slo.objective == pytest.approx(objective)
 
 
+@pytest.mark.parametrize(
+    ("spec", "shown"),
+    [
+        ("p99<300ms", "p99<300ms"),
+        ("p99.99999999<300ms", "p99.99999999<300ms"),  # not "p100": ten digits of the objective were lost
+        ("p99<1234567ms", "p99<1234567ms"),  # not "1.23457e+06ms", which is no SLO
+        ("ttft:p95<0.1234567ms", "ttft:p95<0.1234567ms"),
+        ("itl:p99.9<0.06s", "itl:p99.9<60ms"),
+        ("p50<2.50s", "p50<2500ms"),
+    ],
+)
+def test_an_slo_spec_reads_back_as_the_same_slo(spec: str, shown: str) -> None:
+    """``SLO.spec`` (the headline, the lever runs' SLO) is plain digits that parse back to the same SLO."""
+    (slo,) = parse_slo(spec)
+    assert slo.spec == shown
+    (again,) = parse_slo(slo.spec)
+    assert again.threshold_ms == slo.threshold_ms and again.objective == pytest.approx(slo.objective, abs=1e-13)
+
+
 @pytest.mark.parametrize("spec", ["p99>300ms", "latency:p99<3ms", "p100<3ms", "p99<3", ""])
 def test_bad_slo_spec_is_a_user_error(spec: str) -> None:
     with pytest.raises(UserError):
