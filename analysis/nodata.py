@@ -220,9 +220,19 @@ def no_data_reason(
                 f"the service's own spans are in none of the files read{tail}"
             )
         if n_spans:
+            try:  # a SERVER span that carries stagescope.stage is a stage span by the ingest's rule
+                n_staged = _count(con, "SELECT count(*) FROM spans WHERE kind = 2 AND "
+                                       "(stage IS NOT NULL OR stage_invalid IS NOT NULL)")  # fmt: skip
+            except duckdb.Error:  # a spans relation built without the columns
+                n_staged = 0
+            staged = (
+                f"; {_plural(n_staged, 'SERVER span')} carry {N.ATTR_STAGE}, which makes a span a stage, not a "
+                "request: set it on the spans inside the request, never on its SERVER span"
+                if n_staged else ""
+            )  # fmt: skip
             return (
                 f"{_plural(n_spans, 'span')}, none of them a request span (a SERVER span, or a root span without "
-                f"a parent){tail}"
+                f"a parent){staged}{tail}"
             )
         return f"no request in the data{tail}"
     for col, value in (("route", slo.route), ("model", slo.model)):

@@ -12,9 +12,9 @@ import pytest
 
 from stagescope.analysis import synth_scenarios as S
 from stagescope.analysis.report import to_html, to_text
-from stagescope.analysis.synth import KIND_INTERNAL, SynthSpan, request_spans, write_otlp_lines
+from stagescope.analysis.synth import KIND_INTERNAL, KIND_SERVER, SynthSpan, request_spans, write_otlp_lines
 from stagescope.cli import main
-from stagescope.names import STATUS_NO_DATA, VLLM_ATTR_TTFT
+from stagescope.names import ATTR_STAGE, STATUS_NO_DATA, VLLM_ATTR_TTFT
 
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL = REPO / "external" / "otlp"
@@ -83,6 +83,23 @@ def test_spans_without_a_request_span(tmp_path: Path, capsys: pytest.CaptureFixt
     write_otlp_lines(f, spans)
     rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", "p99<300ms")
     _assert_no_data(rc, rep, text, "7 spans, none of them a request span", str(f))
+
+
+@pytest.mark.parametrize("stage", ["predict", True], ids=["a-name", "a-bool"])
+def test_server_spans_that_carry_a_stage_are_named_as_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stage: object
+) -> None:
+    """A service that set ``stagescope.stage`` on its SERVER spans has stage spans and no request: the
+    reason says so, not only "none of them a request span"."""
+    spans = [
+        SynthSpan(f"{i + 1:032x}", f"{i + 1:016x}", "POST /v1/predict", T0, T0 + 10**7, kind=KIND_SERVER,
+                  attributes={ATTR_STAGE: stage})
+        for i in range(5)
+    ]  # fmt: skip
+    f = tmp_path / "staged.jsonl"
+    write_otlp_lines(f, spans)
+    rc, rep, text = _analyze(capsys, "--traces", str(f), "--slo", "p99<300ms")
+    _assert_no_data(rc, rep, text, "5 spans, none of them a request span", f"5 SERVER spans carry {ATTR_STAGE}")
 
 
 @pytest.mark.parametrize(
