@@ -75,12 +75,18 @@ class Observer:
         self._buckets[bisect_left(self._bounds, value)](1)
 
 
+#: 2**63 nanoseconds: no duration reaches it (a bound past it holds every duration)
+_NS_CAP = 1 << 63
+
+
 def ns_limit(bound: float) -> int | None:
     """The largest integer ``n`` with ``n / 1e9 <= bound`` (None for ``+Inf``): a duration of ``n``
     nanoseconds falls in the bucket of ``bound`` or below exactly when ``n <= ns_limit(bound)``, the
     same test as ``seconds <= bound`` on ``n / 1e9`` (division rounds correctly, so it is monotonic)."""
     if bound == math.inf:
         return None
+    if not -_NS_CAP < bound * 1e9 < _NS_CAP:  # past any duration a clock gives (292 years)
+        return _NS_CAP if bound > 0 else -_NS_CAP
     n = math.floor(bound * 1e9)
     while (n + 1) / 1e9 <= bound:
         n += 1

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 from prometheus_client.values import MultiProcessValue, MutexValue
 
 from stagescope import names
@@ -187,3 +188,22 @@ def test_the_owner_empties_its_lists_and_scrapes_between_count_each_once() -> No
     assert _count(reg, names.METRIC_REQUEST_DURATION, LABELS) == n
     assert _count(reg, names.METRIC_STAGE_DURATION, {"stage": "compute", "kind": "compute", "model": ""}) == n
     assert sum(len(p.ns or ()) for p in m._req_pending.values()) < _COMPACT_MASK + 1
+
+
+def test_bounds_past_any_duration_still_count_exactly() -> None:
+    """Custom buckets may be huge or negative: each still gets a limit (no overflow, no endless loop)
+    and the counts match ``observe``."""
+    bounds = (-1e300, -0.5, 1e-12, 2.5, 1e12, 1e300, float("inf"))
+    reg = CollectorRegistry()
+    got = Histogram("g", "g", registry=reg, buckets=bounds)
+    want = Histogram("w", "w", registry=reg, buckets=bounds)
+    pend = Pending(got)
+    assert pend.ns is not None
+    for ns in (-(10**18), -600_000_000, -1, 0, 1, 2_500_000_000, 2_500_000_001, 10**18):
+        pend.add(ns)
+        want.observe(ns / 1e9)
+    pend.flush()
+    for le in bounds:
+        key = floatToGoString(le)
+        want_n = reg.get_sample_value("w_bucket", {"le": key})
+        assert want_n is not None and reg.get_sample_value("g_bucket", {"le": key}) == want_n, le
