@@ -58,6 +58,9 @@ UNCONFIGURED_MODEL_CAP = 8
 #: Safety cap on distinct route label values (route templates are bounded by the app already).
 DEFAULT_MAX_ROUTES = 256
 NO_MODEL = ""  # label value for requests that name no model
+#: The owner thread empties its deferred duration lists every this-plus-one requests (a power of two
+#: minus one: a mask); a scrape in between adds what they hold without emptying them.
+_COMPACT_MASK = 1023
 
 
 def status_class(code: int | None) -> str:
@@ -87,9 +90,9 @@ class StageMetrics:
 
     **Deferred observations.** In one process (not prometheus-client's multiprocess mode) the
     request and stage observations and the in-flight count of the requests served on one thread (the
-    first that calls :meth:`request_started`: the event loop's) are counted in plain Python numbers
-    (:class:`~stagescope.instrumentation.promfast.Pending`, about a third of the interpreter work of
-    prometheus-client's ``observe``) and added to the families whenever the registry is collected
+    first that calls :meth:`request_started`: the event loop's) are appended to lists as integer
+    nanoseconds (:class:`~stagescope.instrumentation.promfast.Pending`: one ``list.append`` each; the
+    buckets are counted in C when the lists are flushed) and added to the families whenever the registry is collected
     (:meth:`flush`, run by the families themselves), so every reader sees every observation made
     before it asked. Observations with an exemplar (kept traces), from other threads and in
     multiprocess mode go to prometheus-client at once.
@@ -127,6 +130,9 @@ class StageMetrics:
         self._inflight_done = 0
         self._req_pending: dict[tuple[str, str, int | None], _Pending] = {}
         self._stage_pending: dict[tuple[str, str, str], _Pending] = {}
+        # the same keys -> their Pending's ``add`` (what the request path calls)
+        self._req_add: dict[tuple[str, str, int | None], Callable[[int], Any]] = {}
+        self._stage_add: dict[tuple[str, str, str], Callable[[int], Any]] = {}
         self._flush_lock = threading.Lock()
         self._owner_lock = threading.Lock()
         self._i.flushers.append(self.flush)
@@ -213,32 +219,23 @@ class StageMetrics:
             route = self._route(route)
         code = record.status_code
         if trace_id is None and _get_ident() == self._owner:
-            # deferred (the class docstring): Pending's counts written out, for every request
-            self._finished += 1
+            # deferred (the class docstring): each duration appended, in integer nanoseconds
+            n = self._finished = self._finished + 1
             if end is not None:
-                pend = self._req_pending.get((route, model, code))
-                if pend is None:
-                    pend = self._pending_request(route, model, code)
-                v = (end - start) / 1e9  # from integer nanoseconds: never NaN
-                counts = pend.counts
-                if counts is None:
-                    pend.child.observe(v)
-                else:
-                    counts[_bisect_left(pend.bounds, v)] += 1
-                    pend.total += v
+                add = self._req_add.get((route, model, code))
+                if add is None:
+                    add = self._pending_request(route, model, code).add
+                add(end - start)
+            stage_add = self._stage_add
             for iv in record.stages:
-                pend = self._stage_pending.get((iv.stage, iv.kind, model))
-                if pend is None:
-                    pend = self._pending_stage(iv.stage, iv.kind, iv.stage_kind, model)
-                v = (iv.end_ns - iv.start_ns) / 1e9
-                counts = pend.counts
-                if counts is None:
-                    pend.child.observe(v)
-                else:
-                    counts[_bisect_left(pend.bounds, v)] += 1
-                    pend.total += v
+                add = stage_add.get((iv.stage, iv.kind, model))
+                if add is None:
+                    add = self._pending_stage(iv.stage, iv.kind, iv.stage_kind, model).add
+                add(iv.end_ns - iv.start_ns)
             if code == 429:
                 self._child(i.shed, route, model).inc()
+            if not n & _COMPACT_MASK:
+                self._compact()
             if not record.token_ns and record.output_tokens is None and record.input_tokens is None:
                 return  # not an LLM request
             self._genai(record, model, None)
@@ -280,8 +277,9 @@ class StageMetrics:
 
     def _pending_request(self, route: str, model: str, code: int | None) -> _Pending:
         pend = _Pending(self._i.request.labels(route, model, status_class(code)))
-        with self._flush_lock:  # flush copies the values under this lock
+        with self._flush_lock:  # flush reads the pending objects under this lock
             self._req_pending[(route, model, code)] = pend
+        self._req_add[(route, model, code)] = pend.add
         return pend
 
     def _pending_stage(self, stage: str, kind: str, stage_kind: str, model: str) -> _Pending:
@@ -290,7 +288,20 @@ class StageMetrics:
         pend = _Pending(_CountingChild(child, self._i.folded) if stage == names.STAGE_OVERFLOW else child)
         with self._flush_lock:
             self._stage_pending[(stage, kind, model)] = pend
+        self._stage_add[(stage, kind, model)] = pend.add
         return pend
+
+    def _compact(self) -> None:
+        """On the owner thread, every ``_COMPACT_MASK + 1`` requests: add the deferred durations to
+        the families and empty their lists, so that they stay short without a scrape. Skipped (until
+        the next time) while a flush holds the lock: the request path never waits."""
+        if not self._flush_lock.acquire(blocking=False):
+            return
+        try:
+            for pending in (*self._req_pending.values(), *self._stage_pending.values()):
+                pending.compact()
+        finally:
+            self._flush_lock.release()
 
     def _genai(self, record: RequestRecord, model: str, ex: dict[str, str] | None) -> None:
         """The GenAI families of a request that produced or consumed tokens."""
@@ -378,6 +389,8 @@ class StageMetrics:
         with self._flush_lock:
             self._req_pending.clear()
             self._stage_pending.clear()
+        self._req_add.clear()
+        self._stage_add.clear()
 
 
 _default: StageMetrics | None = None

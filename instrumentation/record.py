@@ -190,12 +190,12 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     __slots__ = ("_record", "_start", "kind", "name")
 
     def __init__(self, name: str, kind: str | None = None) -> None:
-        registry = _stagenames._NAMES  # resolve_stage's cache read here: a stage() per block is common
-        try:
-            got = registry._cache.get((name, kind)) if registry is not None else None
-        except TypeError:  # an unhashable name or kind: resolve_stage records it anyway
-            got = None
-        self.name, self.kind = got if got is not None else resolve_stage(name, kind)
+        self.name: str
+        self.kind: str
+        try:  # resolve_stage's cache read here: a stage() per block is common
+            self.name, self.kind = _stagenames._NAMES._cache[(name, kind)]  # type: ignore[union-attr]
+        except (AttributeError, KeyError, TypeError):  # no registry yet, a new name, an unhashable one
+            self.name, self.kind = resolve_stage(name, kind)
         self._record: RequestRecord | None = None  # set by __enter__, with _start
 
     def __enter__(self) -> stage:

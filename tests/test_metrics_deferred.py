@@ -14,11 +14,12 @@ import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 from prometheus_client.values import MultiProcessValue, MutexValue
 
 from stagescope import names
-from stagescope.instrumentation.metrics import StageMetrics, status_class
-from stagescope.instrumentation.promfast import Pending, deferrable
+from stagescope.instrumentation.metrics import _COMPACT_MASK, StageMetrics, status_class
+from stagescope.instrumentation.promfast import Pending, deferrable, ns_limit
 from stagescope.instrumentation.record import RequestRecord, StageInterval
 
 MS = 1_000_000
@@ -146,4 +147,63 @@ def test_only_values_of_this_process_are_deferred() -> None:
 
     child = Histogram("h", "h", registry=CollectorRegistry())
     child._sum = FileValue()  # type: ignore[assignment]
-    assert Pending(child).counts is None  # its observations go to the child's own observe
+    assert Pending(child).ns is None  # its observations go to the child's own observe
+
+
+def test_bucket_edges_in_nanoseconds_match_observe_in_seconds() -> None:
+    """A duration of exactly a bucket's bound, and one nanosecond either side, lands in the bucket
+    prometheus-client's ``observe`` puts ``ns / 1e9`` in."""
+    bounds = names.DEFAULT_BUCKETS[names.METRIC_REQUEST_DURATION]
+    reg = CollectorRegistry()
+    got = Histogram("g", "g", registry=reg, buckets=bounds)
+    want = Histogram("w", "w", registry=reg, buckets=bounds)
+    pend = Pending(got)
+    assert pend.ns is not None
+    for b in bounds[:-1]:
+        limit = ns_limit(b)
+        assert limit is not None and limit / 1e9 <= b < (limit + 1) / 1e9
+        for ns in (limit - 1, limit, limit + 1, round(b * 1e9)):
+            pend.add(ns)
+            want.observe(ns / 1e9)
+    pend.flush()
+    for le in (*bounds[:-1], float("inf")):
+        key = str(le) if le != float("inf") else "+Inf"
+        assert reg.get_sample_value("g_bucket", {"le": key}) == reg.get_sample_value("w_bucket", {"le": key}), le
+    assert reg.get_sample_value("g_sum") == pytest.approx(reg.get_sample_value("w_sum"))
+
+
+def test_the_owner_empties_its_lists_and_scrapes_between_count_each_once() -> None:
+    """Past many compactions (every _COMPACT_MASK + 1 requests on the owner thread) with scrapes in
+    between, every observation is counted once and the lists stay short without any scrape."""
+    reg = CollectorRegistry()
+    m = StageMetrics(reg)
+    rng = random.Random(11)
+    n = 3 * (_COMPACT_MASK + 1) + 17
+    for k in range(n):
+        m.request_started()
+        m.request_finished(_record(rng))
+        if k % 1500 == 0:
+            assert _count(reg, names.METRIC_REQUEST_DURATION, LABELS) == k + 1
+        assert all(len(p.ns or ()) <= _COMPACT_MASK + 1 for p in m._req_pending.values())
+    assert _count(reg, names.METRIC_REQUEST_DURATION, LABELS) == n
+    assert _count(reg, names.METRIC_STAGE_DURATION, {"stage": "compute", "kind": "compute", "model": ""}) == n
+    assert sum(len(p.ns or ()) for p in m._req_pending.values()) < _COMPACT_MASK + 1
+
+
+def test_bounds_past_any_duration_still_count_exactly() -> None:
+    """Custom buckets may be huge or negative: each still gets a limit (no overflow, no endless loop)
+    and the counts match ``observe``."""
+    bounds = (-1e300, -0.5, 1e-12, 2.5, 1e12, 1e300, float("inf"))
+    reg = CollectorRegistry()
+    got = Histogram("g", "g", registry=reg, buckets=bounds)
+    want = Histogram("w", "w", registry=reg, buckets=bounds)
+    pend = Pending(got)
+    assert pend.ns is not None
+    for ns in (-(10**18), -600_000_000, -1, 0, 1, 2_500_000_000, 2_500_000_001, 10**18):
+        pend.add(ns)
+        want.observe(ns / 1e9)
+    pend.flush()
+    for le in bounds:
+        key = floatToGoString(le)
+        want_n = reg.get_sample_value("w_bucket", {"le": key})
+        assert want_n is not None and reg.get_sample_value("g_bucket", {"le": key}) == want_n, le
