@@ -269,12 +269,14 @@ def sli_view(
                 f"WHERE {flt} AND g.gap_ms IS NOT NULL"
             )
         else:
-            warnings.append(
-                f"no per-gap inter-token samples ({ATTR_TOKEN_GAPS}) in the data: one inter-token p99 (else "
-                "mean) per stream stands in for its gaps, so the quantile is of streams, not of gaps, and can "
-                "be off either way"
-            )
             con.execute(per_request_sql)
+            streams = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+            if streams and streams[0]:  # (no traced stream at all: nothing stands in for anything)
+                warnings.append(
+                    f"no per-gap inter-token samples ({ATTR_TOKEN_GAPS}) in the data: one inter-token p99 (else "
+                    "mean) per stream stands in for its gaps, so the quantile is of streams, not of gaps, and can "
+                    "be off either way"
+                )
     srow = con.execute(
         f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}"
     ).fetchone()

@@ -112,6 +112,12 @@ def _target(source: object) -> str:
     return text if "://" in text else posixpath.dirname(text)
 
 
+def _scraped(con: duckdb.DuckDBPyConnection, family: str) -> bool:
+    return has_columns(con, "metric_samples", "metric") and bool(
+        con.execute("SELECT 1 FROM metric_samples WHERE metric = ? LIMIT 1", [f"{family}_bucket"]).fetchone()
+    )
+
+
 def _bucket_counts(
     con: duckdb.DuckDBPyConnection, view: SLIView, family: str, route_label: str | None, model_label: str
 ) -> tuple[list[tuple[float, float]], int | None, int | None] | None:
@@ -254,6 +260,11 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
     for family, route_label, model_label in HISTOGRAMS.get(view.slo.sli, ()):
         got = _bucket_counts(con, view, family, route_label, model_label)
         if got is None:
+            if view.slo.route is not None and route_label is None and view.trace_samples == 0 and _scraped(con, family):
+                view.warnings.append(
+                    f"metrics histogram {family} has no route label: it cannot answer for route {view.slo.route} "
+                    "alone (without --route it gives every route's figures)"
+                )
             continue
         counts, first, last = got
         total = sum(c for _, c in counts)
@@ -277,10 +288,16 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
                 f"metrics histogram {family} does not cover the traced requests ({why}): not used"
             )
             continue
-        if complete and total <= kept * 1.01 + 2:
-            return False  # the traces hold every request the histogram counted
+        if complete and kept and total <= kept * 1.01 + 2:
+            return False  # the traces hold every request the histogram counted (none kept: it answers)
         _calibrate(con, view, counts)
         view.buckets = counts
+        if route_label is None:
+            model = f" of model {view.slo.model}" if view.slo.model is not None else ""
+            view.warnings.append(
+                f"the quantiles are the engine's own histogram {family}'s (every request{model} it counted): "
+                "it has no route label, so they cannot be split by route"
+            )
         view.source = N.SOURCE_METRICS
         view.sampling["histogram"] = family
         return True
