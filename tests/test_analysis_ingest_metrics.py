@@ -19,7 +19,7 @@ from stagescope import names as N
 from stagescope.analysis.ingest import load_dataset
 from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
 from stagescope.analysis.ingest.prom import parse_exposition
-from stagescope.analysis.ingest.promql import BATCH_SIZE_MEAN, RAW_METRICS, query_range
+from stagescope.analysis.ingest.promql import BATCH_SIZE_MEAN, RAW_METRICS, name_query, query_range
 from stagescope.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +174,10 @@ class _FakePrometheus(BaseHTTPRequestHandler):
         start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
         ts = [start + i * step for i in range(int((end - start) // step) + 1)]
         result = []
-        if q["query"] in (N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL):
+        if q["query"] == name_query(N.VLLM_NUM_WAITING):  # stored escaped (OpenMetrics, prometheus_client 0.26)
+            metric = {"__name__": N.VLLM_NUM_WAITING.replace(":", "_"), N.VLLM_LABEL_MODEL: "m"}
+            result.append({"metric": metric, "values": [[t, "3"] for t in ts]})
+        elif q["query"] in (N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL):
             metric = {"__name__": q["query"], "model": "resnet"} if q["query"] == N.METRIC_QUEUE_DEPTH else {
                 "__name__": q["query"], "gpu": "0"}  # fmt: skip
             result.append({"metric": metric, "values": [[t, str(i * 2)] for i, t in enumerate(ts)]})
@@ -217,7 +220,9 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     ds = load_dataset(prometheus=prometheus, window=(t0 * 10**9, (t0 + 60) * 10**9), prometheus_step_s=15)
     asked = [q["query"] for q in _FakePrometheus.queries]
     # the raw series, kube-state-metrics' pod series for Pending pods (analysis/events.py), the batch mean
-    assert asked[: len(RAW_METRICS)] == list(RAW_METRICS) and len(asked) == len(RAW_METRICS) + 3 + 1
+    # (vLLM's and SGLang's names under either spelling: colons, or the underscores of escaped OpenMetrics)
+    assert asked[: len(RAW_METRICS)] == [name_query(m) for m in RAW_METRICS]
+    assert len(asked) == len(RAW_METRICS) + 3 + 1
     assert all(
         q["start"] == f"{t0}.000" and q["end"] == f"{t0 + 60}.000" and q["step"] == "15"
         for q in _FakePrometheus.queries
@@ -230,7 +235,9 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     assert depth[0][1] == {"model": "resnet"} and depth[0][4] == prometheus
     bs = [r for r in rows if r[0] == BATCH_SIZE_MEAN]
     assert [r[2] for r in bs] == [None, 7.5, 7.5, 7.5, 7.5]
-    assert {r[0] for r in rows} == {N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN}
+    assert {r[0] for r in rows} == {N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN, N.VLLM_NUM_WAITING}
+    waiting = [r for r in rows if r[0] == N.VLLM_NUM_WAITING]  # the escaped series, under vLLM's name
+    assert [r[2] for r in waiting] == [3.0] * 5 and waiting[0][1] == {N.VLLM_LABEL_MODEL: "m"}
     ds.close()
 
 
