@@ -165,7 +165,7 @@ def _analyze_one(
         "status": STATUS_BREACHED if breached else STATUS_MET,
         "no_data_reason": None,
         "requests": RD.request_count(con, view),
-        "samples": view.count,
+        "samples": RD.sample_count(view),
         "breached": breached,
         "latency_ms": {k: (None if qs[k] is None else round(qs[k], 3)) for k in ("p50", "p95", "p99")},
         "quantile_ms": None if qs["q"] is None else round(qs["q"], 3),

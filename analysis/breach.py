@@ -36,6 +36,7 @@ from typing import Any
 
 import duckdb
 
+from stagescope.analysis.histogram_source import histogram_estimates, quantile_bucket
 from stagescope.analysis.interval_sql import quantile_estimates, window_intervals
 from stagescope.analysis.keys import has_columns
 from stagescope.analysis.weighting import (
@@ -104,7 +105,10 @@ class SLIView:
     sampling (see analysis.sources); ``sampled_traces``: some traced sample has a sampling weight
     other than 1. Per-request tables built from the traces also have ``pk``
     (weighting.sampling_kind_sql). Rows a histogram adds for buckets no trace fell in have no
-    ``start_unix_ns`` (and no ``trace_id``)."""
+    ``start_unix_ns`` (and no ``trace_id``); ``buckets``: that histogram's per-bucket ``(upper bound
+    ms, count)`` when it is the source (the quantiles are then its ``histogram_quantile``, except
+    in the ``filled_buckets``, the upper bounds of those whose every request was traced, where they
+    are the traces' own values)."""
 
     slo: SLO
     name: str
@@ -121,6 +125,8 @@ class SLIView:
     trace_samples: int = 0
     sampling: dict[str, Any] = field(default_factory=dict)
     sampled_traces: bool = False
+    buckets: list[tuple[float, float]] | None = None
+    filled_buckets: frozenset[float] = frozenset()
 
     def request_weight(self, con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
         """SQL for a ``requests`` row's sampling weight (``"1.0"`` when no traced sample has one
@@ -263,12 +269,14 @@ def sli_view(
                 f"WHERE {flt} AND g.gap_ms IS NOT NULL"
             )
         else:
-            warnings.append(
-                f"no per-gap inter-token samples ({ATTR_TOKEN_GAPS}) in the data: one inter-token p99 (else "
-                "mean) per stream stands in for its gaps, so the quantile is of streams, not of gaps, and can "
-                "be off either way"
-            )
             con.execute(per_request_sql)
+            streams = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+            if streams and streams[0]:  # (no traced stream at all: nothing stands in for anything)
+                warnings.append(
+                    f"no per-gap inter-token samples ({ATTR_TOKEN_GAPS}) in the data: one inter-token p99 (else "
+                    "mean) per stream stands in for its gaps, so the quantile is of streams, not of gaps, and can "
+                    "be off either way"
+                )
     srow = con.execute(
         f"SELECT count(*) FROM requests WHERE status_code = 429 AND {scope_filter(slo)}"
     ).fetchone()
@@ -314,7 +322,13 @@ def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float 
     interval's ends are more levels of the same pass)."""
     q = view.slo.quantile
     levels = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "q": q, "near": neighbourhood_quantile(q)}
-    got = quantile_estimates(con, view.name, "value_ms", levels, view.count, view.weight)
+    if view.buckets is None:
+        got = quantile_estimates(con, view.name, "value_ms", levels, view.count, view.weight)
+    else:  # histogram_quantile, except in a bucket whose every request was traced: their own values
+        got = histogram_estimates(view.buckets, levels)
+        exact = {k: x for k, x in levels.items() if quantile_bucket(view.buckets, x) in view.filled_buckets}
+        if exact:
+            got.update(quantile_estimates(con, view.name, "value_ms", exact, view.count, view.weight))
     out: dict[str, float | None] = dict(got)
     near = got["near"]
     out["near"] = None if near is None else float(near)  # a sample boundary, not a reported quantile

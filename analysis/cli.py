@@ -33,7 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Exit status: 0 breached or met, 3 no data (0 samples: the report says why), 2 bad input."
         ),
     )
-    p.add_argument("--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories")
+    p.add_argument(
+        "--traces", nargs="+", default=[], metavar="PATH",
+        help="trace files or directories (without them the scraped latency histograms answer, with no stage split)",
+    )  # fmt: skip
     p.add_argument("--metrics", nargs="+", default=[], metavar="PATH", help="Prometheus exposition snapshots")
     p.add_argument(
         "--prometheus", metavar="URL", type=http_url,
@@ -69,6 +72,8 @@ def _check_inputs(args: argparse.Namespace) -> Path | None:
     from stagescope.paths import ensure_writable_file
     from stagescope.validate import check_reachable
 
+    if not (args.traces or args.metrics or args.prometheus or args.results):
+        raise UserError("nothing to analyse: give --traces, --metrics, --prometheus or --results")
     out = None
     if args.out is not None:
         out = ensure_writable_file(args.out, "the report", create_parents=False)

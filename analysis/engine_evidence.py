@@ -104,9 +104,14 @@ def _waiting_asof(
     con: duckdb.DuckDBPyConnection, view: SLIView, cond: str
 ) -> tuple[float | None, str | None]:
     for metric in _WAITING:
+        mine = (
+            ""
+            if view.slo.model is None
+            else f" AND labels[{sql_str(N.VLLM_LABEL_MODEL)}] = {sql_str(view.slo.model)}"
+        )  # the SLO's model's engines only: another model's queue is not in front of its requests
         gauge = (
             f"SELECT ts_ms, sum(value) AS value FROM metric_samples WHERE metric = {sql_str(metric)} "
-            "AND ts_ms IS NOT NULL AND value IS NOT NULL GROUP BY ts_ms"
+            f"AND ts_ms IS NOT NULL AND value IS NOT NULL{mine} GROUP BY ts_ms"
         )
         if not con.execute(f"SELECT count(*) FROM ({gauge})").fetchall()[0][0]:
             continue
@@ -137,7 +142,7 @@ def gather(
             if shared is not None:
                 out["repeated_hash_share_tail"] = shared
                 out["repeated_hash_share_baseline"] = _client_repeats(con, view, attr.baseline_condition)
-    facts = engine_metric_facts(con)
+    facts = engine_metric_facts(con, view.slo.model)
     out.update({k: (_r(v, 4) if isinstance(v, float) else v) for k, v in facts.items()})
     if view.per_request:
         t, metric = _waiting_asof(con, view, attr.tail_condition)

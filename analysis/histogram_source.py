@@ -3,9 +3,18 @@
 The server counted every request into a bucket. Each bucket's count over the scrapes is its
 increase (counter resets and series that appear after their target's first scrape counted as
 PromQL's ``increase`` would; a directory of scrape files is one target, a Prometheus URL another);
-the traced samples in a bucket share its count (their sampling weights scaled to it) and so place
-the requests inside it; a bucket that no kept trace fell in gets evenly spread points, as
-``histogram_quantile`` assumes (they have no time, so they are in the quantiles, not the windows).
+the quantiles are Prometheus' ``histogram_quantile`` of those counts (promql/quantile.go
+``bucketQuantile``: rank ``q * W``, linear inside the bucket, the lowest bucket from 0, the ``+Inf``
+bucket answering the highest finite bound), so they are the figures the user's own Prometheus gives
+for the same window. One exception: in a bucket whose every request was traced (stagescope's sampler
+keeps every request slower than its slow rule, so the tail buckets often are), the traces hold the
+requests' own values and the quantile is read off them. A sample of a bucket is not used to place
+its other requests: which requests a sampler kept is rarely uniform within a bucket (tail samplers
+keep the slow and the failed), and a few traces would put a step where the histogram says nothing.
+For the rest of the analysis (the share over the threshold, the breakdown's weights) the traced
+samples in a bucket share its count (their sampling weights scaled to it), and a bucket no kept
+trace fell in gets :data:`BUCKET_POINTS` evenly spread points, as ``histogram_quantile`` assumes
+(they have no time, so they are in the distribution, not in the windows).
 A histogram is used when its scrapes span the traced requests and its counts agree with them: at
 least the kept samples, and with known sampling probabilities the Horvitz-Thompson estimate within
 four standard errors or 10 %.
@@ -22,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from stagescope import names as N
+from stagescope.analysis.intervals import METHOD_ORDER, Estimate, estimate, rank_bounds
 from stagescope.analysis.keys import has_columns
 
 if TYPE_CHECKING:
     from stagescope.analysis.breach import SLIView
 
-__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "from_histograms"]
+__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "bucket_quantile", "from_histograms", "histogram_estimates"]
 
 #: Histograms read as complete sources per SLI: (family, route label or None, model label). SGLang's
 #: are its TokenizerMetricsCollector's (python/sglang/srt/metrics/collector.py @ 00ae9c15, arrival to
@@ -85,11 +95,27 @@ def _increase(points: list[tuple[int | None, float, str]], from_zero: bool) -> f
     return inc
 
 
+def _le_ms(le: str) -> float | None:
+    """A bucket's ``le`` label as its upper bound in ms (``+Inf``, ``Inf``, ``inf``: infinity;
+    ``1``, ``1.0``, ``1e0``: the same bound), None for a label that is not a number."""
+    try:
+        bound = float(le.strip())
+    except ValueError:
+        return None
+    return None if math.isnan(bound) else bound * 1e3
+
+
 def _target(source: object) -> str:
     """What one series' points come from: a Prometheus URL, or the directory of scrape files (one
     file per scrape of one target, as stagescope's recorder and a cron'd curl write them)."""
     text = str(source)
     return text if "://" in text else posixpath.dirname(text)
+
+
+def _scraped(con: duckdb.DuckDBPyConnection, family: str) -> bool:
+    return has_columns(con, "metric_samples", "metric") and bool(
+        con.execute("SELECT 1 FROM metric_samples WHERE metric = ? LIMIT 1", [f"{family}_bucket"]).fetchone()
+    )
 
 
 def _bucket_counts(
@@ -137,6 +163,11 @@ def _bucket_counts(
             continue
         if shed and lab.get(N.LABEL_STATUS_CLASS) == "4xx":
             continue  # 429s are not latency samples; the histogram cannot tell them from other 4xx
+        bound = _le_ms(lab.get("le", ""))
+        if bound is None:
+            continue
+        # one bucket whatever the spelling of its bound (le="1" and Prometheus 3's le="1.0", "+Inf"/"inf")
+        lab["le"] = repr(bound)
         src = _target(source)
         series[(src, tuple(sorted(lab.items())))].append((ts, float(value), str(source)))
     if not series:
@@ -146,11 +177,7 @@ def _bucket_counts(
     for (src, key), pts in series.items():
         times = [t for t, _, _ in pts if t is not None]
         from_zero = bool(times) and min(times) > first_of.get(src, min(times))
-        le = dict(key).get("le", "")
-        try:
-            bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le) * 1e3
-        except ValueError:
-            continue
+        bound = float(dict(key)["le"])
         per_le[bound] += _increase(pts, from_zero)
         if times:  # a series that appeared later was counted from 0 since its source's first scrape
             begin = first_of[src] if from_zero else min(times)
@@ -164,10 +191,81 @@ def _bucket_counts(
     return counts, first, last
 
 
+def bucket_quantile(counts: list[tuple[float, float]], q: float) -> float | None:
+    """``histogram_quantile(q)`` of per-bucket ``(upper bound, count)`` pairs (ascending bounds, the
+    last ``+Inf``), as Prometheus computes it (promql/quantile.go ``bucketQuantile``): rank ``q * W``
+    (``W`` the count of all buckets), the first bucket whose cumulative count reaches it, linear
+    interpolation inside that bucket; the lowest bucket starts at 0 when its upper bound is above 0
+    (else its bound is the answer); a rank in the ``+Inf`` bucket answers the highest finite bound.
+    None without observations, without a finite bucket, or for a ``q`` outside [0, 1]."""
+    if not 0.0 <= q <= 1.0 or not counts or math.isfinite(counts[-1][0]):
+        return None
+    merged: list[list[float]] = []
+    for b, c in counts:  # equal bounds (le="1" and le="1.0" before they were read as one) are one bucket
+        if merged and merged[-1][0] == b:
+            merged[-1][1] += c
+        else:
+            merged.append([b, c])
+    cum, run = [], 0.0
+    for b, c in merged:
+        run += max(0.0, c)
+        cum.append((b, run))
+    total = cum[-1][1]
+    if len(cum) < 2 or total <= 0:
+        return None
+    rank = q * total
+    i = next(k for k, (_, c) in enumerate(cum) if c >= rank or k == len(cum) - 1)
+    if i == len(cum) - 1:
+        return cum[-2][0]
+    if i == 0 and cum[0][0] <= 0:
+        return cum[0][0]
+    start, below = (cum[i - 1][0], cum[i - 1][1]) if i else (0.0, 0.0)
+    end, count = cum[i][0], cum[i][1] - below
+    return start + (end - start) * ((rank - below) / count) if count > 0 else end
+
+
+def quantile_bucket(counts: list[tuple[float, float]], q: float) -> float | None:
+    """The upper bound of the bucket :func:`bucket_quantile` reads the ``q`` quantile in (None where
+    it answers nothing)."""
+    total = sum(max(0.0, c) for _, c in counts)
+    if not 0.0 <= q <= 1.0 or total <= 0 or not counts:
+        return None
+    run = 0.0
+    for i, (b, c) in enumerate(counts):
+        run += max(0.0, c)
+        if run >= q * total or i == len(counts) - 1:
+            return b
+    return None
+
+
+def histogram_estimates(
+    counts: list[tuple[float, float]], levels: dict[str, float]
+) -> dict[str, Estimate | None]:
+    """Each named quantile level of the histogram (:func:`bucket_quantile`) with its 95 % interval:
+    the order-statistic ranks ``l, u`` of the ``W`` requests the histogram counted
+    (intervals.rank_bounds), read off the same interpolated histogram at ``l / W`` and ``u / W``
+    (Prometheus' rank ``k`` is level ``k / W``). It is the sampling interval of the quantile under
+    the linear-in-bucket assumption ``histogram_quantile`` makes; how the requests lie inside a
+    bucket is not in the histogram. ``samples``: ``W``."""
+    total = sum(max(0.0, c) for _, c in counts)
+    n = math.floor(total + 1e-6)
+    out: dict[str, Estimate | None] = {}
+    for key, q in levels.items():
+        lo_rank, hi_rank = rank_bounds(n, q)
+        ends = tuple(None if r is None else bucket_quantile(counts, r / total) for r in (lo_rank, hi_rank))
+        out[key] = estimate(bucket_quantile(counts, q), (ends[0], ends[1]), METHOD_ORDER, float(n))
+    return out
+
+
 def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: bool) -> bool:
     for family, route_label, model_label in HISTOGRAMS.get(view.slo.sli, ()):
         got = _bucket_counts(con, view, family, route_label, model_label)
         if got is None:
+            if view.slo.route is not None and route_label is None and view.trace_samples == 0 and _scraped(con, family):
+                view.warnings.append(
+                    f"metrics histogram {family} has no route label: it cannot answer for route {view.slo.route} "
+                    "alone (without --route it gives every route's figures)"
+                )
             continue
         counts, first, last = got
         total = sum(c for _, c in counts)
@@ -191,9 +289,16 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
                 f"metrics histogram {family} does not cover the traced requests ({why}): not used"
             )
             continue
-        if complete and total <= kept * 1.01 + 2:
-            return False  # the traces hold every request the histogram counted
+        if complete and kept and total <= kept * 1.01 + 2:
+            return False  # the traces hold every request the histogram counted (none kept: it answers)
         _calibrate(con, view, counts)
+        view.buckets = counts
+        if route_label is None:
+            model = f" of model {view.slo.model}" if view.slo.model is not None else ""
+            view.warnings.append(
+                f"the quantiles are the engine's own histogram {family}'s (every request{model} it counted): "
+                "it has no route label, so they cannot be split by route"
+            )
         view.source = N.SOURCE_METRICS
         view.sampling["histogram"] = family
         return True
@@ -202,7 +307,8 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
 
 def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple[float, float]]) -> None:
     """Scale each traced sample's weight so each bucket weighs its count; spread points in buckets no
-    trace fell in (no start time, so they are in the quantiles, not in the windows)."""
+    trace fell in (no start time, so they are in the distribution, not in the windows); note the
+    buckets whose every request was traced (``view.filled_buckets``)."""
     bounds = [b for b, _ in counts]
     finite = [b for b in bounds if math.isfinite(b)]
     bucket = (
@@ -212,7 +318,11 @@ def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple
         if finite
         else "0"
     )
-    have = dict(con.execute(f"SELECT {bucket} AS b, sum(w) FROM {view.name} GROUP BY 1").fetchall())
+    got = con.execute(f"SELECT {bucket} AS b, sum(w), count(*) FROM {view.name} GROUP BY 1").fetchall()
+    have = {b: w for b, w, _ in got}
+    kept = {b: n for b, _, n in got}
+    # a bucket every request of which was traced: the traces hold those requests' own values
+    view.filled_buckets = frozenset(b for i, (b, c) in enumerate(counts) if c > 0 and kept.get(i, 0) >= c - 1e-6)
     factors, points = [], []
     for i, (b, c) in enumerate(counts):
         if not c:

@@ -99,7 +99,7 @@ def read_inputs(files: Sequence[Any] | None, inputs: Sequence[str | Path] | None
                     if empty
                     else f"{p} holds no trace files (.json, .jsonl, .ndjson)"
                 )
-        missing = "no trace files read: " + ("; ".join(why) if why else "none given")
+        missing = "no trace files read: " + ("; ".join(why) if why else "none given, nor scraped latency histograms of this SLI that answer for it")
         return Inputs(missing, 0, missing)
     read = [f for f in traces if not getattr(f, "skipped", False)]
     spans = sum(int(getattr(f, "spans", 0) or 0) for f in read)

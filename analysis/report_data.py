@@ -154,6 +154,14 @@ def request_count(con: duckdb.DuckDBPyConnection, view: B.SLIView) -> int:
     return round(float(row[0])) if row and row[0] is not None else 0
 
 
+def sample_count(view: B.SLIView) -> int:
+    """The samples the quantiles are of: the view's rows, or the observations of the histogram that
+    gave them (every one it counted; the rows then also hold spread points standing for them)."""
+    if view.buckets is not None:
+        return round(sum(c for _, c in view.buckets))
+    return view.count
+
+
 def sources(view: B.SLIView) -> dict[str, str]:
     """Which input gave each figure of the report (``names.SOURCE_*``): the quantiles, shares and
     request counts come from the view's source; the windows too, except that a histogram has no

@@ -225,8 +225,13 @@ def sources_line(report: dict[str, Any]) -> str:
         return ""
     kept = smp.get("traced_requests")
     how = "each weighted by 1/sampling probability" if smp.get("weighted") or smp.get("sampled") else ""
+    where = _SOURCE_WORDS.get(q, q)
+    if q == SOURCE_METRICS and smp.get("histogram"):
+        where = f"the scraped histogram {smp['histogram']}"
+    if not kept:
+        return f"quantiles and share over the threshold from {where}; no kept trace to split into stages"
     return (
-        f"quantiles and share over the threshold from {_SOURCE_WORDS.get(q, q)}; stages from {kept} "
+        f"quantiles and share over the threshold from {where}; stages from {kept} "
         f"kept traces{', ' + how if how else ''}"
     )
 

@@ -103,7 +103,7 @@ def use_complete_sources(con: duckdb.DuckDBPyConnection, view: SLIView) -> None:
     used = _from_client_results(con, view, complete) or _from_histograms(con, view, complete)
     if used and complete:  # the traces looked complete, but a complete source counted more
         facts["evidence"] = True
-        if not unknown:
+        if not unknown and kept:  # none kept: analysis.api says the figures are the source's alone
             view.warnings.append(
                 f"the traces hold {kept} of the {view.weight_total:.0f} requests of SLO {view.slo.spec} the "
                 f"{view.source.replace('_', ' ')} count (the others were not kept, or their spans were lost): "

@@ -246,7 +246,7 @@ CLI_ROWS: list[Cli] = [
     Cli("cli-unknown-command", ("frobnicate",), r"invalid choice: 'frobnicate'", real=True),
     Cli("cli-unknown-option", ("analyze", "--bogus"), r"unrecognized arguments|required"),
     Cli("analyze-missing-slo", ("analyze", "--traces", "{traces}"), r"required: --slo"),
-    Cli("analyze-missing-traces", ("analyze", "--slo", "p99<300ms"), r"required: --traces"),
+    Cli("analyze-no-input", ("analyze", "--slo", "p99<300ms"), r"nothing to analyse: give --traces, --metrics"),
     Cli("analyze-format-choice", (*_ANALYZE, "--slo", "p99<300ms", "--format", "pdf"), r"invalid choice: 'pdf'"),
     # -- analyze --slo, one-line specs ------------------------------------------------------------------
     *[Cli(f"analyze-slo-{i}", (*_ANALYZE, "--slo", s), m, real=(i == "huge-threshold")) for i, s, m in _ONE_LINE_SLOS],

@@ -128,3 +128,52 @@ def test_skip_bad_warns_and_analyses_the_good_files(incident, tmp_path, capsys) 
     rep = json.loads(capsys.readouterr().out)
     assert rep["requests"] == 800 and rep["verdict"] == {"stage": "queue", "lever": "scale-out"}
     assert any("truncated.jsonl" in w for w in rep["warnings"])
+
+
+def _prom_quantile(q: float, cum: list[tuple[float, float]]) -> float:
+    """Prometheus' bucketQuantile (promql/quantile.go), written here: rank q * W, the first bucket
+    reaching it, linear inside it from 0 (lowest bucket) or the bucket below; +Inf: highest finite bound."""
+    rank = q * cum[-1][1]
+    b = next((i for i in range(len(cum) - 1) if cum[i][1] >= rank), len(cum) - 1)
+    if b == len(cum) - 1:
+        return cum[-2][0]
+    start, below = (cum[b - 1][0], cum[b - 1][1]) if b else (0.0, 0.0)
+    return start + (cum[b][0] - start) * (rank - below) / (cum[b][1] - below)
+
+
+def test_metrics_only_vllm_scrape_is_answered_by_its_histograms(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A vLLM scrape alone (no traces): its e2e and TTFT histograms answer the SLO with exactly
+    ``histogram_quantile``'s figures, named as their source, and the report says they cannot be
+    split by route; with ``--route`` they cannot answer (no route label) and the report says why."""
+    buckets = {  # (le s, cumulative), two scrapes a minute apart of model m
+        "vllm:e2e_request_latency_seconds": [(0.3, 10, 40), (0.5, 15, 70), (1.0, 18, 96), (2.5, 20, 99), (float("inf"), 20, 100)],
+        "vllm:time_to_first_token_seconds": [(0.1, 12, 60), (0.25, 18, 90), (0.5, 20, 99), (float("inf"), 20, 100)],
+    }  # fmt: skip
+    t0 = 1_764_000_000_000
+    for k, ts in ((1, t0), (2, t0 + 60_000)):
+        lines = []
+        for fam, rows in buckets.items():
+            lines.append(f"# TYPE {fam} histogram")
+            for le, *c in rows:
+                spelled = "+Inf" if le == float("inf") else repr(le)
+                lines.append(f'{fam}_bucket{{le="{spelled}",model_name="m"}} {c[k - 1]}.0 {ts}')
+            lines.append(f'{fam}_count{{model_name="m"}} {rows[-1][k]}.0 {ts}')
+        (tmp_path / f"scrape{k}.prom").write_text("\n".join(lines) + "\n")
+    metrics = [str(tmp_path / "scrape1.prom"), str(tmp_path / "scrape2.prom")]
+    for slo, fam in (("p99<800ms", "vllm:e2e_request_latency_seconds"), ("ttft:p95<300ms", "vllm:time_to_first_token_seconds")):
+        out = tmp_path / "r.json"
+        assert main(["analyze", "--metrics", *metrics, "--slo", slo, "--format", "json", "--out", str(out)]) == 0
+        rep = json.loads(out.read_text())
+        cum = [(le * 1e3, float(c2 - c1)) for le, c1, c2 in buckets[fam]]  # the increase over the window
+        assert rep["sources"]["quantile_ms"] == "metrics" and rep["sampling"]["histogram"] == fam
+        assert rep["requests"] == rep["samples"] == 80
+        for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            assert rep["latency_ms"][key] == pytest.approx(_prom_quantile(q, cum), abs=1e-3), (fam, key)
+        assert rep["status"] == ("breached" if rep["quantile_ms"] > rep["slo"]["threshold_ms"] else "met")
+        assert any("no route label" in w and fam in w for w in rep["warnings"])
+    out = tmp_path / "route.json"
+    argv = ["analyze", "--metrics", *metrics, "--slo", "p99<800ms", "--route", "/v1/chat/completions"]
+    assert main([*argv, "--format", "json", "--out", str(out)]) == 3
+    rep = json.loads(out.read_text())
+    assert rep["status"] == "no_data"
+    assert any("no route label" in w and "/v1/chat/completions" in w for w in rep["warnings"])

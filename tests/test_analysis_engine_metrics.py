@@ -137,3 +137,25 @@ def test_vllm_before_the_queue_histogram_counts_requests_from_e2e(tmp_path: Path
     )
     assert engine_metric_facts(ds.con)["engine"] == N.SOURCE_VLLM
     ds.close()
+
+
+def test_waiting_and_running_are_the_slo_models_own(tmp_path: Path) -> None:
+    """Two models on one scrape (two vLLM servers behind one Prometheus job): the waiting and running
+    gauges of an SLO for one model are that model's engines' (summed over its two DP ranks), not
+    every model's; with no model they are every engine's."""
+    ts = (1_764_000_000_000, 1_764_000_015_000)
+    lines = [f"# TYPE {N.VLLM_NUM_WAITING} gauge", f"# TYPE {N.VLLM_NUM_RUNNING} gauge"]
+    for model, waiting, running in (("a", (1, 3), (4, 4)), ("b", (10, 30), (40, 60))):
+        for rank in ("0", "1"):
+            lab = f'{N.VLLM_LABEL_MODEL}="{model}",engine="{rank}"'
+            for t, w, r in zip(ts, waiting, running, strict=True):
+                lines += [f"{N.VLLM_NUM_WAITING}{{{lab}}} {w}.0 {t}", f"{N.VLLM_NUM_RUNNING}{{{lab}}} {r}.0 {t}"]
+    f = tmp_path / "two-models.prom"
+    f.write_text("\n".join(lines) + "\n")
+    ds = load_dataset(metrics=[f])
+    a, b, every = engine_metric_facts(ds.con, "a"), engine_metric_facts(ds.con, "b"), engine_metric_facts(ds.con)
+    # independent: per timestamp the model's two ranks summed, then the mean / max over the two scrapes
+    assert (a["waiting_mean"], a["waiting_max"], a["running_mean"]) == (4.0, 6.0, 8.0)
+    assert (b["waiting_mean"], b["waiting_max"], b["running_mean"]) == (40.0, 60.0, 100.0)
+    assert (every["waiting_mean"], every["waiting_max"]) == (44.0, 66.0)
+    ds.close()

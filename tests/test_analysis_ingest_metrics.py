@@ -19,7 +19,7 @@ from stagescope import names as N
 from stagescope.analysis.ingest import load_dataset
 from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
 from stagescope.analysis.ingest.prom import parse_exposition
-from stagescope.analysis.ingest.promql import BATCH_SIZE_MEAN, RAW_METRICS, query_range
+from stagescope.analysis.ingest.promql import BATCH_SIZE_MEAN, RAW_METRICS, name_query, query_range
 from stagescope.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +174,10 @@ class _FakePrometheus(BaseHTTPRequestHandler):
         start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
         ts = [start + i * step for i in range(int((end - start) // step) + 1)]
         result = []
-        if q["query"] in (N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL):
+        if q["query"] == name_query(N.VLLM_NUM_WAITING):  # stored escaped (OpenMetrics, prometheus_client 0.26)
+            metric = {"__name__": N.VLLM_NUM_WAITING.replace(":", "_"), N.VLLM_LABEL_MODEL: "m"}
+            result.append({"metric": metric, "values": [[t, "3"] for t in ts]})
+        elif q["query"] in (N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL):
             metric = {"__name__": q["query"], "model": "resnet"} if q["query"] == N.METRIC_QUEUE_DEPTH else {
                 "__name__": q["query"], "gpu": "0"}  # fmt: skip
             result.append({"metric": metric, "values": [[t, str(i * 2)] for i, t in enumerate(ts)]})
@@ -217,7 +220,9 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     ds = load_dataset(prometheus=prometheus, window=(t0 * 10**9, (t0 + 60) * 10**9), prometheus_step_s=15)
     asked = [q["query"] for q in _FakePrometheus.queries]
     # the raw series, kube-state-metrics' pod series for Pending pods (analysis/events.py), the batch mean
-    assert asked[: len(RAW_METRICS)] == list(RAW_METRICS) and len(asked) == len(RAW_METRICS) + 3 + 1
+    # (vLLM's and SGLang's names under either spelling: colons, or the underscores of escaped OpenMetrics)
+    assert asked[: len(RAW_METRICS)] == [name_query(m) for m in RAW_METRICS]
+    assert len(asked) == len(RAW_METRICS) + 3 + 1
     assert all(
         q["start"] == f"{t0}.000" and q["end"] == f"{t0 + 60}.000" and q["step"] == "15"
         for q in _FakePrometheus.queries
@@ -230,7 +235,9 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     assert depth[0][1] == {"model": "resnet"} and depth[0][4] == prometheus
     bs = [r for r in rows if r[0] == BATCH_SIZE_MEAN]
     assert [r[2] for r in bs] == [None, 7.5, 7.5, 7.5, 7.5]
-    assert {r[0] for r in rows} == {N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN}
+    assert {r[0] for r in rows} == {N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN, N.VLLM_NUM_WAITING}
+    waiting = [r for r in rows if r[0] == N.VLLM_NUM_WAITING]  # the escaped series, under vLLM's name
+    assert [r[2] for r in waiting] == [3.0] * 5 and waiting[0][1] == {N.VLLM_LABEL_MODEL: "m"}
     ds.close()
 
 
@@ -409,6 +416,31 @@ def test_histogram_source_reads_before_and_after_snapshots_as_their_difference(t
     ds.close()
 
 
+def test_histogram_buckets_are_one_whatever_the_spelling_of_le(tmp_path: Path) -> None:
+    """Prometheus 3 normalises ``le="1"`` to ``le="1.0"`` (and a scraper may write ``+Inf`` as
+    ``inf``): one series whose bound is spelled two ways across the scrapes is one bucket, whose
+    increase is the later count minus the earlier, not each spelling's count since the server started."""
+    from types import SimpleNamespace
+
+    from stagescope.analysis.histogram_source import _bucket_counts
+
+    def scrape(les: tuple[str, str, str], counts: tuple[int, int, int], ts: int) -> str:
+        return "".join(
+            f'{N.VLLM_E2E}_bucket{{le="{le}",model_name="m"}} {c}.0 {ts}\n'
+            for le, c in zip(les, counts, strict=True)
+        )
+
+    t0 = 1_764_000_000_000
+    (tmp_path / "a.prom").write_text(scrape(("0.5", "1", "+Inf"), (100, 180, 200), t0))
+    (tmp_path / "b.prom").write_text(scrape(("0.50", "1.0", "inf"), (130, 250, 290), t0 + 60_000))
+    ds = load_dataset(metrics=[tmp_path / "a.prom", tmp_path / "b.prom"])
+    view = SimpleNamespace(slo=SimpleNamespace(route=None, model=None))
+    got = _bucket_counts(ds.con, view, N.VLLM_E2E, None, N.VLLM_LABEL_MODEL)  # type: ignore[arg-type]
+    assert got is not None
+    assert got[0] == [(500.0, 30.0), (1000.0, 40.0), (float("inf"), 20.0)]  # independent: b - a per bound
+    ds.close()
+
+
 def _vllm_spans(path: Path, n: int = 20) -> Path:
     """``n`` vLLM ``llm_request`` spans (vllm/tracing attributes, seconds) of 11 tokens in 100 ms of
     decode: no per-gap samples, one inter-token figure per stream (10 ms)."""
@@ -457,7 +489,12 @@ def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: P
     assert reports["both"]["sampling"]["histogram"] == N.VLLM_ITL
     # histogram_quantile(0.99) of these buckets is 50 ms (rank 198 ends the 25-50 ms bucket)
     assert reports["old"]["latency_ms"] == reports["new"]["latency_ms"] == reports["both"]["latency_ms"]
-    assert 45.0 < reports["old"]["latency_ms"]["p99"] <= 50.0
+    # exactly Prometheus' figures (promql/quantile.go bucketQuantile): rank q * 200, linear in the
+    # bucket; p50: rank 100 of the 120 in 5..10 ms -> 5 + 5 * 100 / 120 (the traces' 10 ms gaps are
+    # streams' means, none in a bucket that the histogram does not also count)
+    assert reports["new"]["latency_ms"]["p99"] == 50.0
+    assert reports["new"]["latency_ms"]["p50"] == pytest.approx(5 + 5 * 100 / 120, abs=1e-3)
+    assert reports["new"]["samples"] == 200  # the gaps the histogram counted
 
 
 def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
@@ -489,8 +526,14 @@ def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
     for slo, fam in (("p99<300ms", N.SGLANG_E2E), ("ttft:p99<300ms", N.SGLANG_TTFT)):
         rep = analyze(ds, slo)
         assert rep["sampling"].get("histogram") == fam and rep["requests"] == 200
-        # histogram_quantile(0.99): rank 198 of 200 lies in the bucket 150..199 -> above the traces' values
-        assert rep["latency_ms"]["p99"] > (150.0 if fam == N.SGLANG_E2E else 50.0) * 2
+        # histogram_quantile exactly. The two ranks' buckets sum to 0 / 150 / 198 / 200 (199 // 2 = 99
+        # per rank), so rank 0.99 * 200 = 198 is the last of the 48 in the bucket above the traces'
+        # (200..1000 ms; 60..500 ms for TTFT): its upper bound. p50 interpolates in the bucket the 20
+        # traces fell in (rank 100 of its 150), as Prometheus does, not at the traces' own value.
+        lo, hi, b_lo, b_hi = (200.0, 1000.0, 100.0, 200.0) if fam == N.SGLANG_E2E else (60.0, 500.0, 40.0, 60.0)
+        assert rep["latency_ms"]["p99"] == pytest.approx(lo + (hi - lo) * 48 / 48, abs=1e-3)
+        assert rep["latency_ms"]["p50"] == pytest.approx(b_lo + (b_hi - b_lo) * 100 / 150, abs=1e-3)
+        assert rep["samples"] == 200 and rep["quantile_interval"]["samples"] == 200
     ds.close()
 
 

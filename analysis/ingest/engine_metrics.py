@@ -195,16 +195,19 @@ class GaugeStats:
 
 
 def gauge_stats(
-    con: duckdb.DuckDBPyConnection, metrics: Sequence[str], how: str = "sum"
+    con: duckdb.DuckDBPyConnection, metrics: Sequence[str], how: str = "sum", model: str | None = None
 ) -> GaugeStats | None:
     """The first of ``metrics`` (a family under its names, newest first) that was scraped, combined
-    over its series at each timestamp (per file when untimestamped) by ``how`` (``sum`` or ``avg``)."""
+    over its series at each timestamp (per file when untimestamped) by ``how`` (``sum`` or ``avg``);
+    with ``model``, over that model's series only (vLLM's and SGLang's ``model_name``): another
+    model's queue is not in front of its requests."""
     agg = "sum" if how == "sum" else "avg"
+    flt, args = ("", []) if model is None else (" AND labels[?] = ?", [N.VLLM_LABEL_MODEL, model])
     for metric in metrics:
         rows = con.execute(
-            f"""SELECT ts_ms, {agg}(value) FROM metric_samples WHERE metric = ? AND value IS NOT NULL
+            f"""SELECT ts_ms, {agg}(value) FROM metric_samples WHERE metric = ? AND value IS NOT NULL{flt}
                 GROUP BY ts_ms, CASE WHEN ts_ms IS NULL THEN source END ORDER BY ts_ms NULLS LAST""",
-            [metric],
+            [metric, *args],
         ).fetchall()
         if rows:
             return GaugeStats([(r[0], float(r[1])) for r in rows])
@@ -249,13 +252,14 @@ def _prefix_caching_enabled(con: duckdb.DuckDBPyConnection) -> bool | None:
     return str(row[0]).lower() == "true"
 
 
-def engine_metric_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+def engine_metric_facts(con: duckdb.DuckDBPyConnection, model: str | None = None) -> dict[str, Any]:
     """The engines' server-state evidence from ``metric_samples`` (keys absent where not scraped):
     ``engine`` (vllm / sglang), ``engine_requests``, ``engine_series``, ``preemptions``,
     ``preemptions_per_request``, ``preemptions_running_corr``, ``kv_cache_usage_mean`` / ``_max``
     (0..1), ``waiting_mean`` / ``_max``, ``running_mean``, ``prefix_cache_hit_ratio``,
     ``prefix_caching_enabled``, ``iteration_tokens_mean``, ``spec_decode_acceptance``,
-    ``sglang_stages_ms``."""
+    ``sglang_stages_ms``. With ``model`` the gauges (KV cache, waiting, running) are that model's
+    series' (summed over its engines); without, every engine's."""
     ev: dict[str, Any] = {}
     vllm = [r for r in vllm_stage_means(con) if r.get("requests")]
     sgl = [r for r in sglang_stage_means(con) if r.get("requests") or r.get("stages")]
@@ -309,7 +313,7 @@ def engine_metric_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         ("waiting", [N.VLLM_NUM_WAITING, N.SGLANG_NUM_QUEUE_REQS], "sum"),
         ("running", [N.VLLM_NUM_RUNNING, N.SGLANG_NUM_RUNNING_REQS], "sum"),
     ):
-        g = gauge_stats(con, names, how)
+        g = gauge_stats(con, names, how, model)
         if g is not None:
             ev[f"{key}_mean"], ev[f"{key}_max"] = g.mean, g.max
     return {k: v for k, v in ev.items() if v is not None}

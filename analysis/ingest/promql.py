@@ -27,7 +27,15 @@ from stagescope.errors import UserError
 if TYPE_CHECKING:
     from stagescope.analysis.ingest import Dataset
 
-__all__ = ["BATCH_SIZE_MEAN", "RAW_METRICS", "default_step_s", "ksm_pod_queries", "load_prometheus", "query_range"]
+__all__ = [
+    "BATCH_SIZE_MEAN",
+    "RAW_METRICS",
+    "default_step_s",
+    "ksm_pod_queries",
+    "load_prometheus",
+    "name_query",
+    "query_range",
+]
 
 #: Gauges and cumulative counters read as they are.
 RAW_METRICS: tuple[str, ...] = (
@@ -95,6 +103,15 @@ def ksm_pod_queries(span_s: float) -> list[str]:
     pending = f'{N.KSM_POD_PHASE}{{{N.KSM_LABEL_PHASE}="{N.KSM_PHASE_PENDING}"}}'
     was = f"on({N.KSM_LABEL_NAMESPACE}, {N.KSM_LABEL_POD}) (max_over_time({pending}[{max(1, math.ceil(span_s))}s]) > 0)"
     return [f"{m} and {was}" for m in (pending, N.KSM_POD_CREATED, N.KSM_POD_SCHEDULED_TIME)]
+
+
+def name_query(metric: str) -> str:
+    """The selector of ``metric`` under either spelling a Prometheus may have stored: vLLM's and
+    SGLang's names have colons, which a scrape negotiated as OpenMetrics from prometheus_client 0.26
+    escapes to underscores (``vllm_num_requests_waiting``); names without a colon as they are."""
+    if ":" not in metric:
+        return metric
+    return f'{{__name__=~"{metric}|{metric.replace(":", "_")}"}}'
 
 
 def default_step_s(start_s: float, end_s: float) -> float:
@@ -166,7 +183,9 @@ def load_prometheus(
     step = step_s or default_step_s(start, end)
     total = 0
     for metric in metrics:
-        total += insert_samples(ds, _samples(query_range(url, metric, start, end, step), None), url)
+        name = metric if ":" in metric else None  # read back under the name the analysis knows
+        got = query_range(url, name_query(metric), start, end, step)
+        total += insert_samples(ds, _samples(got, name), url)
     for pods in ksm_pod_queries(end - start + step):
         total += insert_samples(ds, _samples(query_range(url, pods, start, end, step), None), url)
     w = "5m" if step < 300 else f"{int(step)}s"
