@@ -276,7 +276,7 @@ CLI_ROWS: list[Cli] = [
     *[Cli(f"analyze-traces-{i}", ("analyze", "--traces", "{tmp}/" + name, "--slo", "p99<300ms"), m,
           files={name: text}) for i, name, text, m in _TRACE_FILES],
     Cli("analyze-metrics-garbage", (*_ANALYZE, "--slo", "p99<300ms", "--metrics", "{tmp}/m.prom"),
-        r"m.prom:1: not a Prometheus exposition line", files={"m.prom": "foo{ 1\n"}),
+        r"m.prom:1: malformed labels '\{ 1'", files={"m.prom": "foo{ 1\n"}),
     Cli("analyze-results-wrong-columns", (*_ANALYZE, "--slo", "p99<300ms", "--results", "{tmp}/r.parquet"),
         r"r.parquet: not a readable Parquet file", files={"r.parquet": b"PAR1garbage"}),
     Cli("analyze-traces-proc", ("analyze", "--traces", "/proc/nope", "--slo", "p99<300ms"), r"/proc/nope"),
