@@ -278,7 +278,8 @@ def connect_error(exc: OSError) -> str:
 
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve host name: {exc.strerror or exc}"
-    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc))
+    # the errno's own words first: asyncio's strerror is "Connect call failed ('127.0.0.1', 9)"
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (exc.strerror or str(exc))
     return f"cannot connect: {reason}"
 
 
