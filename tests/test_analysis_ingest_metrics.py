@@ -497,6 +497,48 @@ def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: P
     assert reports["new"]["samples"] == 200  # the gaps the histogram counted
 
 
+def test_share_over_the_threshold_is_histogram_fraction_but_traced_buckets_use_the_traces(tmp_path: Path) -> None:
+    """With the e2e histogram as the source, the share over the threshold is Prometheus'
+    ``histogram_fraction(t, +Inf)`` (linear inside the bucket holding ``t``); where every request of
+    that bucket was traced (the 20 spans of 150 ms fill 100..200 ms), the traces' own share, as for
+    the quantiles."""
+    from stagescope.analysis.api import analyze
+    from stagescope.analysis.histogram_source import bucket_fraction
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    cum = [(100.0, 0), (200.0, 20), (500.0, 100), (float("inf"), 100)]  # ms, cumulative
+    scrape = tmp_path / "e2e.prom"
+    scrape.write_text(
+        "".join(
+            f'{N.VLLM_E2E}_bucket{{le="{"+Inf" if le == float("inf") else repr(le / 1e3)}",model_name="m"}} {c}.0\n'
+            for le, c in cum
+        )
+    )
+    ds = load_dataset(traces=[spans], metrics=[scrape])
+    # 300 ms: in 200..500, which no trace fell in: 80 * (500 - 300) / 300 of its 80 over, of 100
+    rep = analyze(ds, "p99<300ms")
+    assert rep["sampling"]["histogram"] == N.VLLM_E2E and rep["requests"] == 100
+    assert rep["over_threshold_share"] == pytest.approx(80 * 200 / 300 / 100, abs=1e-5)
+    # 160 ms: in the traced bucket, all 20 at 150 ms (not over), plus the 80 above: 0.8, where
+    # interpolation would say (20 * 40 / 100 + 80) / 100 = 0.88
+    assert analyze(ds, "p99<160ms")["over_threshold_share"] == pytest.approx(0.8, abs=1e-5)
+    assert analyze(ds, "p99<140ms")["over_threshold_share"] == pytest.approx(1.0, abs=1e-5)
+    ds.close()
+    per_bucket = [(100.0, 0.0), (200.0, 20.0), (500.0, 80.0), (float("inf"), 0.0)]
+    assert bucket_fraction(per_bucket, 160.0, float("inf")) == pytest.approx(0.88)
+    assert bucket_fraction(per_bucket, 0.0, 160.0) == pytest.approx(0.12)
+    # a bound is inclusive above: nothing of 200..500 below 200; +Inf gets nothing below a finite end
+    assert bucket_fraction(per_bucket, 0.0, 200.0) == pytest.approx(0.2)
+    assert bucket_fraction([(1.0, 1.0), (float("inf"), 3.0)], 0.0, 5.0) == pytest.approx(0.25)
+    # a lowest bucket at or below 0 starts at -Inf and is taken whole, not interpolated
+    lowest = [(0.0, 2.0), (10.0, 2.0), (float("inf"), 0.0)]
+    assert bucket_fraction(lowest, float("-inf"), 5.0) == pytest.approx(0.75)
+    assert bucket_fraction(lowest, -5.0, 5.0) == pytest.approx(0.25)  # (Go: the lower end takes it all)
+    assert bucket_fraction([(1.0, 0.0), (float("inf"), 0.0)], 0.0, 1.0) is None  # no observations
+    assert bucket_fraction([(1.0, 1.0)], 0.0, 1.0) is None  # no +Inf bucket
+    assert bucket_fraction(per_bucket, 300.0, 300.0) == 0.0
+
+
 def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
     """SGLang's own e2e and TTFT histograms (collector.py TokenizerMetricsCollector) correct the
     quantiles of its traced requests as vLLM's do; before, they were not read at all."""
