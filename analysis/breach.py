@@ -342,7 +342,8 @@ def over_threshold_share(con: duckdb.DuckDBPyConnection, view: SLIView) -> float
     if view.buckets is not None:
         return share_over(con, view, thr)
     row = con.execute(
-        f"SELECT sum(w) FILTER (WHERE value_ms > {thr!r}) / nullif(sum(w), 0) FROM {view.name}"
+        # none over the threshold is a share of 0 (a FILTER over no rows sums to NULL)
+        f"SELECT coalesce(sum(w) FILTER (WHERE value_ms > {thr!r}), 0) / nullif(sum(w), 0) FROM {view.name}"
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 

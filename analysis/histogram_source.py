@@ -355,6 +355,12 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
                 )
             continue
         counts, first, last = got
+        if len(counts) < 2 or counts[-1][0] != math.inf:  # histogram_quantile is NaN for it
+            view.warnings.append(
+                f"metrics histogram {family} has no +Inf bucket or no finite one: its quantiles are "
+                "undefined (Prometheus' histogram_quantile gives NaN), not used"
+            )
+            continue
         total = sum(c for _, c in counts)
         lo_ns, hi_ns, kept, var = _one(
             con,

@@ -583,6 +583,25 @@ def test_share_over_the_threshold_is_histogram_fraction_but_traced_buckets_use_t
     assert bucket_fraction(per_bucket, 300.0, 300.0) == 0.0
 
 
+def test_histogram_without_an_inf_bucket_is_not_used_and_none_over_is_a_share_of_0(tmp_path: Path) -> None:
+    """A histogram with no ``+Inf`` bucket (a cut scrape) or only that one has no quantile
+    (Prometheus' histogram_quantile is NaN): it is not used, said so, and the traces answer; before,
+    its None quantiles reached the attribution as a TypeError. None of the 20 traced 150 ms requests
+    is over 300 ms: a share of 0, not none (a FILTER over no rows sums to NULL)."""
+    from stagescope.analysis.api import analyze
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    for label, les in (("cut", (("0.1", 0), ("0.2", 20), ("0.5", 100))), ("inf-only", (("+Inf", 100),))):
+        scrape = tmp_path / f"{label}.prom"
+        scrape.write_text("".join(f'{N.VLLM_E2E}_bucket{{le="{le}",model_name="m"}} {c}.0\n' for le, c in les))
+        ds = load_dataset(traces=[spans], metrics=[scrape])
+        rep = analyze(ds, "p99<300ms")
+        assert "histogram" not in rep["sampling"] and rep["sources"]["quantile_ms"] == "traces", label
+        assert any(N.VLLM_E2E in w and "+Inf" in w and "not used" in w for w in rep["warnings"]), label
+        assert rep["quantile_ms"] == 150.0 and rep["requests"] == 20 and rep["over_threshold_share"] == 0.0
+        ds.close()
+
+
 def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
     """SGLang's own e2e and TTFT histograms (collector.py TokenizerMetricsCollector) correct the
     quantiles of its traced requests as vLLM's do; before, they were not read at all."""
