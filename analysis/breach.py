@@ -36,7 +36,7 @@ from typing import Any
 
 import duckdb
 
-from stagescope.analysis.histogram_source import histogram_estimates, quantile_bucket
+from stagescope.analysis.histogram_source import histogram_estimates, quantile_bucket, share_over
 from stagescope.analysis.interval_sql import quantile_estimates, window_intervals
 from stagescope.analysis.keys import has_columns
 from stagescope.analysis.weighting import (
@@ -336,10 +336,14 @@ def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float 
 
 
 def over_threshold_share(con: duckdb.DuckDBPyConnection, view: SLIView) -> float | None:
-    """Share of the requests (or gaps) slower than the SLO threshold, weighted by ``w``."""
+    """Share of the requests (or gaps) slower than the SLO threshold, weighted by ``w``; where a
+    histogram is the source, its ``histogram_fraction`` (histogram_source.share_over)."""
     thr = view.slo.threshold_ms
+    if view.buckets is not None:
+        return share_over(con, view, thr)
     row = con.execute(
-        f"SELECT sum(w) FILTER (WHERE value_ms > {thr!r}) / nullif(sum(w), 0) FROM {view.name}"
+        # none over the threshold is a share of 0 (a FILTER over no rows sums to NULL)
+        f"SELECT coalesce(sum(w) FILTER (WHERE value_ms > {thr!r}), 0) / nullif(sum(w), 0) FROM {view.name}"
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
 

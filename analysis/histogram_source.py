@@ -11,7 +11,9 @@ keeps every request slower than its slow rule, so the tail buckets often are), t
 requests' own values and the quantile is read off them. A sample of a bucket is not used to place
 its other requests: which requests a sampler kept is rarely uniform within a bucket (tail samplers
 keep the slow and the failed), and a few traces would put a step where the histogram says nothing.
-For the rest of the analysis (the share over the threshold, the breakdown's weights) the traced
+The share over the threshold is Prometheus' ``histogram_fraction`` of the same counts (promql/quantile.go
+``BucketFraction``: linear inside the bucket holding the threshold), with the same exception. For
+the rest of the analysis (the breakdown's weights, the windows) the traced
 samples in a bucket share its count (their sampling weights scaled to it), and a bucket no kept
 trace fell in gets :data:`BUCKET_POINTS` evenly spread points, as ``histogram_quantile`` assumes
 (they have no time, so they are in the distribution, not in the windows).
@@ -37,7 +39,16 @@ from stagescope.analysis.keys import has_columns
 if TYPE_CHECKING:
     from stagescope.analysis.breach import SLIView
 
-__all__ = ["BUCKET_POINTS", "HISTOGRAMS", "SUPERSEDED_BY", "bucket_quantile", "from_histograms", "histogram_estimates"]
+__all__ = [
+    "BUCKET_POINTS",
+    "HISTOGRAMS",
+    "SUPERSEDED_BY",
+    "bucket_fraction",
+    "bucket_quantile",
+    "from_histograms",
+    "histogram_estimates",
+    "share_over",
+]
 
 #: Histograms read as complete sources per SLI: (family, route label or None, model label). SGLang's
 #: are its TokenizerMetricsCollector's (python/sglang/srt/metrics/collector.py @ 00ae9c15, arrival to
@@ -224,6 +235,82 @@ def bucket_quantile(counts: list[tuple[float, float]], q: float) -> float | None
     return start + (end - start) * ((rank - below) / count) if count > 0 else end
 
 
+def bucket_fraction(counts: list[tuple[float, float]], lower: float, upper: float) -> float | None:
+    """``histogram_fraction(lower, upper)`` of per-bucket ``(upper bound, count)`` pairs (ascending
+    bounds, the last ``+Inf``), as Prometheus computes it for classic buckets (promql/quantile.go
+    ``BucketFraction`` @ d15adb9a): the cumulative count at each end, linear inside the bucket holding
+    it, an end on a bucket's bound taking the whole bucket below it (``upper`` inclusive); the lowest
+    bucket starts at 0 when its bound is above 0 (else at -Inf, and is not interpolated), nothing of
+    the ``+Inf`` bucket is below a finite end. None without observations or without the ``+Inf``
+    bucket; 0 where ``lower >= upper``."""
+    if not counts or counts[-1][0] != math.inf or math.isnan(lower) or math.isnan(upper):
+        return None
+    cum: list[list[float]] = []
+    run = 0.0
+    for b, c in counts:
+        run += max(0.0, c)
+        if cum and cum[-1][0] == b:  # coalesceBuckets: one bucket per bound
+            cum[-1][1] = run
+        else:
+            cum.append([b, run])
+    total = cum[-1][1]
+    if total <= 0:
+        return None
+    if lower >= upper:
+        return 0.0
+
+    rank = 0.0
+    ends: list[float | None] = [None, None]  # the cumulative counts at lower, upper
+    lo_bound = 0.0 if cum[0][0] > 0 else -math.inf
+    for i, (hi_bound, cum_count) in enumerate(cum):
+        if i:
+            lo_bound = cum[i - 1][0]
+        for k, v in enumerate((lower, upper)):
+            if ends[k] is None and lo_bound >= v:  # the end is at (or below) this bucket's lower bound
+                ends[k] = rank
+        if ends[0] is not None and ends[1] is not None:
+            break
+        for k, v in enumerate((lower, upper)):
+            if ends[k] is None and lo_bound < v < hi_bound:  # the end is inside this bucket
+                ends[k] = (
+                    cum_count
+                    if math.isinf(lo_bound)
+                    else rank + (cum_count - rank) * (v - lo_bound) / (hi_bound - lo_bound)
+                )
+        if ends[0] is not None and ends[1] is not None:
+            break
+        rank = cum_count
+    lo_rank, hi_rank = (total if e is None or e > total else e for e in ends)
+    return (hi_rank - lo_rank) / total
+
+
+def share_over(con: duckdb.DuckDBPyConnection, view: SLIView, threshold: float) -> float | None:
+    """The share of the histogram's requests slower than ``threshold`` (ms), as Prometheus gives it:
+    ``histogram_fraction(threshold, +Inf)`` (:func:`bucket_fraction`; ``1 - histogram_fraction(0,
+    threshold)`` for buckets above 0): every bucket above the threshold whole, the one holding it
+    linearly inside, the ``+Inf`` bucket all over a finite threshold. As for the quantiles, one
+    exception: where the bucket holding the threshold had every request traced, its share over the
+    threshold is the traces' own (their weights scaled to its count)."""
+    counts = view.buckets
+    if counts is None:
+        return None
+    over = bucket_fraction(counts, threshold, math.inf)
+    if over is None:
+        return None
+    i = next((k for k, (b, _) in enumerate(counts) if b >= threshold), None)
+    if i is None or counts[i][0] == threshold or counts[i][0] not in view.filled_buckets:
+        return over  # (a threshold on a bound splits no bucket)
+    total = sum(max(0.0, c) for _, c in counts)
+    above = sum(max(0.0, c) for _, c in counts[i + 1 :])
+    inside = f"value_ms > {counts[i - 1][0]!r}" if i else "TRUE"
+    if math.isfinite(counts[i][0]):
+        inside += f" AND value_ms <= {counts[i][0]!r}"  # the bucket as _calibrate assigns the traces
+    row = con.execute(
+        f"SELECT coalesce(sum(w) FILTER (WHERE value_ms > {threshold!r}), 0) FROM {view.name} WHERE {inside}"
+    ).fetchone()
+    return (above + float(row[0] if row else 0.0)) / total
+
+
 def quantile_bucket(counts: list[tuple[float, float]], q: float) -> float | None:
     """The upper bound of the bucket :func:`bucket_quantile` reads the ``q`` quantile in (None where
     it answers nothing)."""
@@ -268,6 +355,12 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
                 )
             continue
         counts, first, last = got
+        if len(counts) < 2 or counts[-1][0] != math.inf:  # histogram_quantile is NaN for it
+            view.warnings.append(
+                f"metrics histogram {family} has no +Inf bucket or no finite one: its quantiles are "
+                "undefined (Prometheus' histogram_quantile gives NaN), not used"
+            )
+            continue
         total = sum(c for _, c in counts)
         lo_ns, hi_ns, kept, var = _one(
             con,

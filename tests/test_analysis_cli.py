@@ -141,6 +141,17 @@ def _prom_quantile(q: float, cum: list[tuple[float, float]]) -> float:
     return start + (cum[b][0] - start) * (rank - below) / (cum[b][1] - below)
 
 
+def _prom_share_over(t: float, cum: list[tuple[float, float]]) -> float:
+    """``histogram_fraction(t, +Inf)`` (promql/quantile.go BucketFraction), written here: the cumulative
+    count at ``t`` is the one below its bucket plus the bucket's share of the way from its lower bound
+    (0 for the lowest) to ``t``; none of the +Inf bucket lies below a finite ``t``."""
+    below = next((c for le, c in reversed(cum) if le <= t), 0.0)
+    for (lo, c_lo), (hi, c_hi) in zip([(0.0, 0.0), *cum[:-1]], cum, strict=True):
+        if lo < t < hi:
+            below = c_lo if hi == float("inf") else c_lo + (c_hi - c_lo) * (t - lo) / (hi - lo)
+    return 1.0 - below / cum[-1][1]
+
+
 def test_metrics_only_vllm_scrape_is_answered_by_its_histograms(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """A vLLM scrape alone (no traces): its e2e and TTFT histograms answer the SLO with exactly
     ``histogram_quantile``'s figures, named as their source, and the report says they cannot be
@@ -160,7 +171,8 @@ def test_metrics_only_vllm_scrape_is_answered_by_its_histograms(tmp_path, capsys
             lines.append(f'{fam}_count{{model_name="m"}} {rows[-1][k]}.0 {ts}')
         (tmp_path / f"scrape{k}.prom").write_text("\n".join(lines) + "\n")
     metrics = [str(tmp_path / "scrape1.prom"), str(tmp_path / "scrape2.prom")]
-    for slo, fam in (("p99<800ms", "vllm:e2e_request_latency_seconds"), ("ttft:p95<300ms", "vllm:time_to_first_token_seconds")):
+    for slo, fam in (("p99<800ms", "vllm:e2e_request_latency_seconds"), ("ttft:p95<300ms", "vllm:time_to_first_token_seconds"),
+                     ("p99<3s", "vllm:e2e_request_latency_seconds"), ("ttft:p50<250ms", "vllm:time_to_first_token_seconds")):
         out = tmp_path / "r.json"
         assert main(["analyze", "--metrics", *metrics, "--slo", slo, "--format", "json", "--out", str(out)]) == 0
         rep = json.loads(out.read_text())
@@ -171,6 +183,10 @@ def test_metrics_only_vllm_scrape_is_answered_by_its_histograms(tmp_path, capsys
             assert rep["latency_ms"][key] == pytest.approx(_prom_quantile(q, cum), abs=1e-3), (fam, key)
         assert rep["status"] == ("breached" if rep["quantile_ms"] > rep["slo"]["threshold_ms"] else "met")
         assert any("no route label" in w and fam in w for w in rep["warnings"])
+        # the share over the threshold as Prometheus gives it (linear inside the threshold's bucket, the
+        # +Inf bucket all over 3 s; a threshold on a bound splits nothing), not the spread points'
+        share = _prom_share_over(rep["slo"]["threshold_ms"], cum)
+        assert rep["over_threshold_share"] == pytest.approx(share, abs=1e-5), (fam, slo)
     out = tmp_path / "route.json"
     argv = ["analyze", "--metrics", *metrics, "--slo", "p99<800ms", "--route", "/v1/chat/completions"]
     assert main([*argv, "--format", "json", "--out", str(out)]) == 3

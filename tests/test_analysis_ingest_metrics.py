@@ -19,7 +19,13 @@ from stagescope import names as N
 from stagescope.analysis.ingest import load_dataset
 from stagescope.analysis.ingest.counters import triton_breakdown, vllm_stage_means
 from stagescope.analysis.ingest.prom import parse_exposition
-from stagescope.analysis.ingest.promql import BATCH_SIZE_MEAN, RAW_METRICS, name_query, query_range
+from stagescope.analysis.ingest.promql import (
+    BATCH_SIZE_MEAN,
+    BUCKET_METRICS,
+    RAW_METRICS,
+    name_query,
+    query_range,
+)
 from stagescope.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,6 +162,14 @@ def test_vllm_stage_means_from_histograms() -> None:
     ds.close()
 
 
+#: The fake Prometheus' vLLM e2e bucket series: (name, instance, per-step increase per le), counted
+#: from 1000 steps' worth (a server up long before the window).
+_FAKE_E2E_BUCKETS = (
+    (N.VLLM_E2E.replace(":", "_"), "a:8000", {"0.1": 10, "0.5": 16, "1.0": 19, "+Inf": 20}),
+    (N.VLLM_E2E, "b:8000", {"0.1": 0, "0.5": 5, "1.0": 8, "+Inf": 10}),
+)
+
+
 class _FakePrometheus(BaseHTTPRequestHandler):
     """Answers /api/v1/query_range like Prometheus: one series per metric, values at each step."""
 
@@ -181,6 +195,11 @@ class _FakePrometheus(BaseHTTPRequestHandler):
             metric = {"__name__": q["query"], "model": "resnet"} if q["query"] == N.METRIC_QUEUE_DEPTH else {
                 "__name__": q["query"], "gpu": "0"}  # fmt: skip
             result.append({"metric": metric, "values": [[t, str(i * 2)] for i, t in enumerate(ts)]})
+        elif q["query"] == name_query(f"{N.VLLM_E2E}_bucket"):  # two engines, one stored escaped
+            for name, inst, per_step in _FAKE_E2E_BUCKETS:
+                for le, n in per_step.items():
+                    metric = {"__name__": name, "instance": inst, N.VLLM_LABEL_MODEL: "m", "le": le}
+                    result.append({"metric": metric, "values": [[t, str(1000 * n + i * n)] for i, t in enumerate(ts)]})
         elif q["query"].startswith("sum by (model) (rate("):
             result.append(
                 {
@@ -222,7 +241,8 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     # the raw series, kube-state-metrics' pod series for Pending pods (analysis/events.py), the batch mean
     # (vLLM's and SGLang's names under either spelling: colons, or the underscores of escaped OpenMetrics)
     assert asked[: len(RAW_METRICS)] == [name_query(m) for m in RAW_METRICS]
-    assert len(asked) == len(RAW_METRICS) + 3 + 1
+    assert asked[len(RAW_METRICS) : len(RAW_METRICS) + len(BUCKET_METRICS)] == [name_query(m) for m in BUCKET_METRICS]
+    assert len(asked) == len(RAW_METRICS) + len(BUCKET_METRICS) + 3 + 1
     assert all(
         q["start"] == f"{t0}.000" and q["end"] == f"{t0 + 60}.000" and q["step"] == "15"
         for q in _FakePrometheus.queries
@@ -235,9 +255,33 @@ def test_live_prometheus_range_queries(prometheus: str) -> None:
     assert depth[0][1] == {"model": "resnet"} and depth[0][4] == prometheus
     bs = [r for r in rows if r[0] == BATCH_SIZE_MEAN]
     assert [r[2] for r in bs] == [None, 7.5, 7.5, 7.5, 7.5]
-    assert {r[0] for r in rows} == {N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN, N.VLLM_NUM_WAITING}
+    assert {r[0] for r in rows} == {
+        N.METRIC_QUEUE_DEPTH, N.DCGM_GPU_UTIL, BATCH_SIZE_MEAN, N.VLLM_NUM_WAITING, f"{N.VLLM_E2E}_bucket"}  # fmt: skip
     waiting = [r for r in rows if r[0] == N.VLLM_NUM_WAITING]  # the escaped series, under vLLM's name
     assert [r[2] for r in waiting] == [3.0] * 5 and waiting[0][1] == {N.VLLM_LABEL_MODEL: "m"}
+    ds.close()
+
+
+def test_live_prometheus_histogram_buckets_are_a_complete_source(prometheus: str) -> None:
+    """``--prometheus`` range-queries the ``_bucket`` series of the histograms read as complete
+    sources (both spellings of vLLM's names), to the first step at or after the window's end, and the
+    analysis reads them as it reads scrape files: Prometheus' figures for the window, without traces."""
+    from stagescope.analysis.api import analyze
+
+    t0 = 1_764_000_000
+    ds = load_dataset(prometheus=prometheus, window=(t0 * 10**9, (t0 + 50) * 10**9), prometheus_step_s=15)
+    ends = {q["query"]: q["end"] for q in _FakePrometheus.queries}
+    assert all(ends[name_query(m)] == f"{t0 + 60}.000" for m in BUCKET_METRICS)  # 50 s -> 4 steps
+    assert ends[name_query(N.METRIC_QUEUE_DEPTH)] == f"{t0 + 50}.000"
+    rep = analyze(ds, "p99<600ms")
+    assert rep["sampling"]["histogram"] == N.VLLM_E2E and rep["sources"]["quantile_ms"] == "metrics"
+    # independent: 4 steps of both engines' increases, cumulative 40 / 84 / 108 / 120 at 0.1 / 0.5 /
+    # 1 s / +Inf (not the 1000 steps before the window); histogram_quantile: p50 rank 60 in 100..500 ms,
+    # p99 rank 118.8 in +Inf -> 1 s; histogram_fraction(0.6 s, +Inf): 1 - (84 + 24 * 100 / 500) / 120
+    assert rep["requests"] == 120
+    assert rep["latency_ms"]["p50"] == pytest.approx(100 + 400 * 20 / 44, abs=1e-3)
+    assert rep["latency_ms"]["p99"] == pytest.approx(1000.0, abs=1e-3)
+    assert rep["over_threshold_share"] == pytest.approx(0.26, abs=1e-5)
     ds.close()
 
 
@@ -495,6 +539,67 @@ def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: P
     assert reports["new"]["latency_ms"]["p99"] == 50.0
     assert reports["new"]["latency_ms"]["p50"] == pytest.approx(5 + 5 * 100 / 120, abs=1e-3)
     assert reports["new"]["samples"] == 200  # the gaps the histogram counted
+
+
+def test_share_over_the_threshold_is_histogram_fraction_but_traced_buckets_use_the_traces(tmp_path: Path) -> None:
+    """With the e2e histogram as the source, the share over the threshold is Prometheus'
+    ``histogram_fraction(t, +Inf)`` (linear inside the bucket holding ``t``); where every request of
+    that bucket was traced (the 20 spans of 150 ms fill 100..200 ms), the traces' own share, as for
+    the quantiles."""
+    from stagescope.analysis.api import analyze
+    from stagescope.analysis.histogram_source import bucket_fraction
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    cum = [(100.0, 0), (200.0, 20), (500.0, 100), (float("inf"), 100)]  # ms, cumulative
+    scrape = tmp_path / "e2e.prom"
+    scrape.write_text(
+        "".join(
+            f'{N.VLLM_E2E}_bucket{{le="{"+Inf" if le == float("inf") else repr(le / 1e3)}",model_name="m"}} {c}.0\n'
+            for le, c in cum
+        )
+    )
+    ds = load_dataset(traces=[spans], metrics=[scrape])
+    # 300 ms: in 200..500, which no trace fell in: 80 * (500 - 300) / 300 of its 80 over, of 100
+    rep = analyze(ds, "p99<300ms")
+    assert rep["sampling"]["histogram"] == N.VLLM_E2E and rep["requests"] == 100
+    assert rep["over_threshold_share"] == pytest.approx(80 * 200 / 300 / 100, abs=1e-5)
+    # 160 ms: in the traced bucket, all 20 at 150 ms (not over), plus the 80 above: 0.8, where
+    # interpolation would say (20 * 40 / 100 + 80) / 100 = 0.88
+    assert analyze(ds, "p99<160ms")["over_threshold_share"] == pytest.approx(0.8, abs=1e-5)
+    assert analyze(ds, "p99<140ms")["over_threshold_share"] == pytest.approx(1.0, abs=1e-5)
+    ds.close()
+    per_bucket = [(100.0, 0.0), (200.0, 20.0), (500.0, 80.0), (float("inf"), 0.0)]
+    assert bucket_fraction(per_bucket, 160.0, float("inf")) == pytest.approx(0.88)
+    assert bucket_fraction(per_bucket, 0.0, 160.0) == pytest.approx(0.12)
+    # a bound is inclusive above: nothing of 200..500 below 200; +Inf gets nothing below a finite end
+    assert bucket_fraction(per_bucket, 0.0, 200.0) == pytest.approx(0.2)
+    assert bucket_fraction([(1.0, 1.0), (float("inf"), 3.0)], 0.0, 5.0) == pytest.approx(0.25)
+    # a lowest bucket at or below 0 starts at -Inf and is taken whole, not interpolated
+    lowest = [(0.0, 2.0), (10.0, 2.0), (float("inf"), 0.0)]
+    assert bucket_fraction(lowest, float("-inf"), 5.0) == pytest.approx(0.75)
+    assert bucket_fraction(lowest, -5.0, 5.0) == pytest.approx(0.25)  # (Go: the lower end takes it all)
+    assert bucket_fraction([(1.0, 0.0), (float("inf"), 0.0)], 0.0, 1.0) is None  # no observations
+    assert bucket_fraction([(1.0, 1.0)], 0.0, 1.0) is None  # no +Inf bucket
+    assert bucket_fraction(per_bucket, 300.0, 300.0) == 0.0
+
+
+def test_histogram_without_an_inf_bucket_is_not_used_and_none_over_is_a_share_of_0(tmp_path: Path) -> None:
+    """A histogram with no ``+Inf`` bucket (a cut scrape) or only that one has no quantile
+    (Prometheus' histogram_quantile is NaN): it is not used, said so, and the traces answer; before,
+    its None quantiles reached the attribution as a TypeError. None of the 20 traced 150 ms requests
+    is over 300 ms: a share of 0, not none (a FILTER over no rows sums to NULL)."""
+    from stagescope.analysis.api import analyze
+
+    spans = _vllm_spans(tmp_path / "spans.json")
+    for label, les in (("cut", (("0.1", 0), ("0.2", 20), ("0.5", 100))), ("inf-only", (("+Inf", 100),))):
+        scrape = tmp_path / f"{label}.prom"
+        scrape.write_text("".join(f'{N.VLLM_E2E}_bucket{{le="{le}",model_name="m"}} {c}.0\n' for le, c in les))
+        ds = load_dataset(traces=[spans], metrics=[scrape])
+        rep = analyze(ds, "p99<300ms")
+        assert "histogram" not in rep["sampling"] and rep["sources"]["quantile_ms"] == "traces", label
+        assert any(N.VLLM_E2E in w and "+Inf" in w and "not used" in w for w in rep["warnings"]), label
+        assert rep["quantile_ms"] == 150.0 and rep["requests"] == 20 and rep["over_threshold_share"] == 0.0
+        ds.close()
 
 
 def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:

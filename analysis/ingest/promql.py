@@ -6,10 +6,13 @@ usage (and the engines' other evidence: preemptions, prefix-cache and speculativ
 SGLang's gauges), the mean executed batch size (``rate(_sum)/rate(_count)`` of ``stagescope_batch_size``, stored
 as ``stagescope_batch_size:mean``), and the raw cumulative counters the per-request breakdown helpers
 of :mod:`~stagescope.analysis.ingest.counters` turn into rates (Triton queue/compute microseconds and
-request counts, vLLM's and SGLang's stage-histogram ``_sum``/``_count``). Each series becomes rows with its labels
+request counts, vLLM's and SGLang's stage-histogram ``_sum``/``_count``), and the ``_bucket`` series of the
+request-latency histograms the analysis reads as a complete source (:data:`BUCKET_METRICS`, the families of
+histogram_source.HISTOGRAMS, as from scrape files). Each series becomes rows with its labels
 (``__name__`` dropped), ``ts_ms`` in Unix milliseconds and ``source`` the Prometheus URL.
 
-Window: ``window`` (Unix ns) if given, else the span of the ingested requests, else the last hour.
+Window: ``window`` (Unix ns) if given, else the span of the ingested requests, else the last hour. The
+bucket series are read to the first step at or after its end, so that their counts span it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stagescope import names as N
+from stagescope.analysis.histogram_source import HISTOGRAMS
 from stagescope.analysis.ingest.prom import Sample, insert_samples
 from stagescope.analysis.ingest.traces import FileSummary
 from stagescope.errors import UserError
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_SIZE_MEAN",
+    "BUCKET_METRICS",
     "RAW_METRICS",
     "default_step_s",
     "ksm_pod_queries",
@@ -93,6 +98,12 @@ RAW_METRICS: tuple[str, ...] = (
     *(m for m in N.KSM_METRICS if m.startswith("kube_deployment_")),
 )
 BATCH_SIZE_MEAN = f"{N.METRIC_BATCH_SIZE}:mean"
+#: The bucket series of every histogram read as a complete source (histogram_source.HISTOGRAMS), one
+#: range query each, and stagescope's shed counter (its latency histogram's 4xx are then 429s, left out).
+BUCKET_METRICS: tuple[str, ...] = (
+    *dict.fromkeys(f"{family}_bucket" for families in HISTOGRAMS.values() for family, _, _ in families),
+    N.METRIC_REQUESTS_SHED,
+)
 
 
 def ksm_pod_queries(span_s: float) -> list[str]:
@@ -175,6 +186,7 @@ def load_prometheus(
     *,
     step_s: float | None = None,
     metrics: Sequence[str] = RAW_METRICS,
+    buckets: Sequence[str] = BUCKET_METRICS,
 ) -> int:
     """Range-query ``url`` and append to ``metric_samples``; returns the number of samples."""
     start, end = _window_s(ds, window)
@@ -182,9 +194,11 @@ def load_prometheus(
         raise UserError(f"{url}: empty time window ({start} .. {end})")
     step = step_s or default_step_s(start, end)
     total = 0
-    for metric in metrics:
+    # the counters of a complete source must reach the end of the window: to the next step past it
+    end_buckets = start + math.ceil((end - start) / step - 1e-9) * step
+    for metric, until in (*((m, end) for m in metrics), *((m, end_buckets) for m in buckets)):
         name = metric if ":" in metric else None  # read back under the name the analysis knows
-        got = query_range(url, name_query(metric), start, end, step)
+        got = query_range(url, name_query(metric), start, until, step)
         total += insert_samples(ds, _samples(got, name), url)
     for pods in ksm_pod_queries(end - start + step):
         total += insert_samples(ds, _samples(query_range(url, pods, start, end, step), None), url)
