@@ -8,7 +8,8 @@ gaps (:mod:`stagescope.loadgen.openai_api`).
 Thin layer over :func:`stagescope.loadgen.run_load`: parses options, shows a rich progress bar (live
 rate, requests in flight, corrected p50/p99), prints the summary table (or ``--json``). Ctrl-C stops
 sending; what was recorded is still written (exit status 130). A server that refuses connections
-gets one line on stderr and exit status 2, after the results so far are written.
+gets one line on stderr and exit status 2, after the results so far are written; a run in which not one
+request was answered OK (every answer an error status or a timeout) exit status 3, after the results.
 """
 
 from __future__ import annotations
@@ -223,4 +224,20 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    return 0
+    return _none_ok(result.summary, result.out)
+
+
+def _none_ok(summary: Any, out: Any) -> int:
+    """Exit status 3 (as analyze's "no data") and one line when requests were sent and not one was
+    answered OK: a wrong path or method (every answer a 404 or 405) must not look like a run; 0 else."""
+    import sys
+
+    if not summary.sent or summary.ok:
+        return 0
+    answers = ", ".join(f"{k} x{v:,}" for k, v in sorted(summary.status_counts.items())) or "no answer"
+    print(
+        f"stagescope load: none of the {summary.sent:,} requests was answered OK ({answers}): check the --url "
+        f"(its path is the route), --method and --body; results written to {out}",
+        file=sys.stderr,
+    )
+    return 3

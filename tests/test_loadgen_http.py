@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from stagescope.loadgen import run_load, synthetic_schedule
 from stagescope.loadgen.echo_server import spawn
@@ -101,3 +102,46 @@ def test_ctrl_c_on_the_command_writes_what_was_recorded(tmp_path: Path) -> None:
     rows = pq.read_table(out).to_pylist()
     assert 20 <= len(rows) < 6000 and sum(r["status"] == 200 for r in rows) >= 20
     assert '"stopped_early": "stopped by user"' in stdout
+
+
+def test_a_run_in_which_no_request_was_answered_ok_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every POST answered 404 (a URL whose path the service does not serve): the results are written,
+    one line names the answers and what to check, exit status 3; the same server's GETs exit 0."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from stagescope.cli import main
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, code: int) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def do_POST(self) -> None:
+            self._answer(404)
+
+        def do_GET(self) -> None:
+            self._answer(200)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1/score"
+    try:
+        out = tmp_path / "post.parquet"
+        rc = main(["load", "--url", url, "--rate", "20", "--duration", "0.5", "--arrival", "constant", "--no-progress", "--out", str(out)])
+        err = capsys.readouterr().err
+        rows = pq.read_table(out).to_pylist()
+        assert rc == 3 and rows and all(r["status"] == 404 for r in rows)
+        assert f"none of the {len(rows)} requests was answered OK (404 x{len(rows)})" in err and "Traceback" not in err
+        rc_get = main(["load", "--url", url, "--method", "GET", "--rate", "20", "--duration", "0.5",
+                       "--no-progress", "--out", str(tmp_path / "get.parquet")])  # fmt: skip
+        assert rc_get == 0 and "answered OK" not in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
