@@ -237,7 +237,8 @@ def _none_ok(summary: Any, out: Any) -> int:
     answers = ", ".join(f"{k} x{v:,}" for k, v in sorted(summary.status_counts.items())) or "no answer"
     print(
         f"stagescope load: none of the {summary.sent:,} requests was answered OK ({answers}): check the --url "
-        f"(its path is the route), --method and --body; results written to {out}",
+        f"(its path is the route), --method, --body{' and --timeout' if 'timeout' in summary.status_counts else ''}; "
+        f"results written to {out}",
         file=sys.stderr,
     )
     return 3
