@@ -33,6 +33,12 @@ PROM = REPO / "external" / "prometheus"
 GROUND_TRUTH = REPO / "external" / "ground_truth" / "triton_tutorial_part2_perf_analyzer_outputs.txt"
 
 
+def _otlp_file(path: Path, spans: list[dict[str, Any]]) -> Path:
+    """``spans`` (OTLP/JSON span objects) written to ``path`` as one ExportTraceServiceRequest."""
+    path.write_text(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]}))
+    return path
+
+
 def test_external_scrapes_load_with_their_quirks() -> None:
     ds = load_dataset(metrics=[PROM])
     counts = {Path(f.path).name: f.samples for f in ds.files}
@@ -498,10 +504,7 @@ def _vllm_spans(path: Path, n: int = 20) -> Path:
         kv += [{"key": "gen_ai.usage.completion_tokens", "value": {"intValue": "11"}}]
         spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": N.VLLM_SPAN_NAME, "kind": 2,
                       "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
-    path.write_text(
-        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
-    )
-    return path
+    return _otlp_file(path, spans)
 
 
 def test_older_vllm_inter_token_histogram_is_read_under_its_old_name(tmp_path: Path) -> None:
@@ -615,10 +618,7 @@ def test_sglang_latency_histograms_are_complete_sources(tmp_path: Path) -> None:
         kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
         spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f"Req {i:08x}", "kind": 2,
                       "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
-    trace = tmp_path / "sglang.json"
-    trace.write_text(
-        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
-    )
+    trace = _otlp_file(tmp_path / "sglang.json", spans)
     scrape = tmp_path / "sglang.prom"
     lines = []
     for fam, buckets in ((N.SGLANG_E2E, [("0.1", 0), ("0.2", 150), ("1.0", 199), ("+Inf", 200)]),
@@ -695,10 +695,7 @@ def test_sglang_requests_aborted_before_their_first_token_stay_on_route_req(tmp_
         kv = [{"key": k, "value": {"doubleValue": v}} for k, v in attrs.items()]
         spans.append({"traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f" Req {i:08x}", "kind": 1,
                       "startTimeUnixNano": str(st), "endTimeUnixNano": str(st + 150_000_000), "attributes": kv})  # fmt: skip
-    trace = tmp_path / "sglang.json"
-    trace.write_text(
-        json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]})
-    )
+    trace = _otlp_file(tmp_path / "sglang.json", spans)
     ds = load_dataset(traces=[trace])
     rows = ds.con.execute(
         "SELECT route, source, count(*), count(ttft_ms) FROM requests GROUP BY ALL"
