@@ -72,6 +72,7 @@ from stagescope.instrumentation.export import make_span_exporter, otlp_endpoint_
 from stagescope.instrumentation.exposition import metrics_route
 from stagescope.instrumentation.lifecycle import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    argument_or_env,
     env_or_fallback,
     resolve_shutdown_timeout,
 )
@@ -251,18 +252,12 @@ def instrument_app(
         return existing
     # arguments are checked (a bad one raises); a bad environment variable is one warning and the
     # default (env_or_fallback): a deployment's typo never stops the service
-    mode = _resolve_mode(mode) if mode else env_or_fallback(lambda: _resolve_mode(None), "fast", "using mode fast")
-    shutdown_timeout = (
-        resolve_shutdown_timeout(shutdown_timeout_s)
-        if shutdown_timeout_s is not None
-        else env_or_fallback(
-            resolve_shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT_S, f"using {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s"
-        )
+    mode = argument_or_env(mode or None, _resolve_mode, "fast", "using mode fast")
+    shutdown_timeout = argument_or_env(
+        shutdown_timeout_s, resolve_shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT_S, f"using {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s"
     )
-    record_query = (
-        resolve_record_query(record_query)
-        if record_query is not None
-        else env_or_fallback(resolve_record_query, False, "query strings are not recorded (REDACTED)")
+    record_query = argument_or_env(
+        record_query, resolve_record_query, False, "query strings are not recorded (REDACTED)"
     )
     configure_stage_names(max_custom_stages)
     if models is None and os.environ.get(ENV_MODELS, "").strip():

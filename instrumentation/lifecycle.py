@@ -31,12 +31,19 @@ from typing import TypeVar
 
 from stagescope.names import ENV_SHUTDOWN_TIMEOUT_S
 
-__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT_S", "RateLimitedLog", "env_or_fallback", "resolve_shutdown_timeout"]
+__all__ = [
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
+    "RateLimitedLog",
+    "argument_or_env",
+    "env_or_fallback",
+    "resolve_shutdown_timeout",
+]
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_A = TypeVar("_A")
 
 
 def env_or_fallback(resolve: Callable[[], _T], fallback: _T, instead: str) -> _T:
@@ -53,6 +60,14 @@ def env_or_fallback(resolve: Callable[[], _T], fallback: _T, instead: str) -> _T
     except ValueError as exc:
         _log.warning("stagescope: %s; %s", str(exc).replace("\n", " "), instead)
         return fallback
+
+
+def argument_or_env(value: _A | None, resolve: Callable[[_A | None], _T], fallback: _T, instead: str) -> _T:
+    """An ``instrument_app`` setting: ``resolve(value)`` for an argument given (a bad one raises: the
+    caller's code), else ``resolve(None)`` from the environment through :func:`env_or_fallback`."""
+    if value is not None:
+        return resolve(value)
+    return env_or_fallback(lambda: resolve(None), fallback, instead)
 
 
 def resolve_shutdown_timeout(value: float | None = None) -> float:
