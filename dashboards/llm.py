@@ -37,15 +37,22 @@ GPU_SCOPE: tuple[Matcher, ...] = (rx("instance", "$gpu_instance"),)
 def _quantiles(
     metric: str, scope: tuple[Matcher, ...], qs: tuple[float, ...] = (0.5, 0.99)
 ) -> list[p.PromTarget]:
+    # an engine's colon names are matched in both spellings a Prometheus may store (promql.sel)
     return [
-        p.target(histogram_quantile(q, metric, scope, d.RATE), f"p{q * 100:g}", exemplar=q == 0.99)
+        p.target(histogram_quantile(q, metric, scope, d.RATE, any_spelling=True), f"p{q * 100:g}",
+                 exemplar=q == 0.99)
         for q in qs
-    ]
+    ]  # fmt: skip
+
+
+def _vsel(metric: str) -> str:
+    """A vLLM series under either spelling of its colons (promql.sel), scoped to the selected models."""
+    return sel(metric, VLLM_SCOPE, any_spelling=True)
 
 
 def _mean(metric: str, scope: tuple[Matcher, ...], by: tuple[str, ...] = ()) -> str:
-    num = sum_by(rate(sel(metric, scope, "_sum"), d.RATE), by)
-    return f"{num}\n/\n{sum_by(rate(sel(metric, scope, '_count'), d.RATE), by)}"
+    num = sum_by(rate(sel(metric, scope, "_sum", any_spelling=True), d.RATE), by)
+    return f"{num}\n/\n{sum_by(rate(sel(metric, scope, '_count', any_spelling=True), d.RATE), by)}"
 
 
 def _stagescope_latency() -> list[Any]:
@@ -156,9 +163,9 @@ def _vllm_work() -> list[Any]:
         p.timeseries(
             "vLLM: tokens per second",
             f"{names.VLLM_GENERATION_TOKENS} and {names.VLLM_PROMPT_TOKENS}, per second.",
-            [p.target(sum_by(rate(sel(names.VLLM_GENERATION_TOKENS, VLLM_SCOPE), d.RATE), by_model),
+            [p.target(sum_by(rate(_vsel(names.VLLM_GENERATION_TOKENS), d.RATE), by_model),
                       "generated {{model_name}}"),
-             p.target(sum_by(rate(sel(names.VLLM_PROMPT_TOKENS, VLLM_SCOPE), d.RATE), by_model),
+             p.target(sum_by(rate(_vsel(names.VLLM_PROMPT_TOKENS), d.RATE), by_model),
                       "prompt {{model_name}}")],
             "short",
         ),
@@ -172,9 +179,9 @@ def _vllm_work() -> list[Any]:
         p.timeseries(
             "vLLM: running and waiting requests, KV cache use",
             f"{names.VLLM_NUM_RUNNING}, {names.VLLM_NUM_WAITING} (left) and {names.VLLM_KV_CACHE_USAGE} (right, 0-1).",
-            [p.target(sum_by(sel(names.VLLM_NUM_RUNNING, VLLM_SCOPE), by_model), "running {{model_name}}"),
-             p.target(sum_by(sel(names.VLLM_NUM_WAITING, VLLM_SCOPE), by_model), "waiting {{model_name}}"),
-             p.target(f"max by ({names.VLLM_LABEL_MODEL}) ({sel(names.VLLM_KV_CACHE_USAGE, VLLM_SCOPE)})",
+            [p.target(sum_by(_vsel(names.VLLM_NUM_RUNNING), by_model), "running {{model_name}}"),
+             p.target(sum_by(_vsel(names.VLLM_NUM_WAITING), by_model), "waiting {{model_name}}"),
+             p.target(f"max by ({names.VLLM_LABEL_MODEL}) ({_vsel(names.VLLM_KV_CACHE_USAGE)})",
                       "KV cache {{model_name}}")],
             "short",
             right_axis=("KV cache.*", "percentunit"),
@@ -185,7 +192,7 @@ def _vllm_work() -> list[Any]:
 def dashboard() -> Any:
     """The LLM serving dashboard (uid ``stagescope-llm``)."""
     vllm_model = p.query_variable(
-        "vllm_model", "vLLM model", f"label_values({names.VLLM_NUM_RUNNING}, model_name)"
+        "vllm_model", "vLLM model", f"label_values({sel(names.VLLM_NUM_RUNNING, any_spelling=True)}, model_name)"
     )
     gpus = p.query_variable("gpu_instance", "GPU exporter", f"label_values({names.DCGM_GPU_UTIL}, instance)")
     price = p.textbox_variable(PRICE_VAR, "Accelerator price per hour", PRICE_DEFAULT)

@@ -103,14 +103,16 @@ def text_values(dashboard: Mapping[str, Any]) -> dict[str, str]:
 
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads (a lexical approximation that is exact for the
-    expressions stagescope generates: strings, matchers, ranges and label lists are removed first)."""
+    expressions stagescope generates: strings, matchers, ranges and label lists are removed first). A
+    ``__name__=~"vllm[:_]x"`` matcher (promql.sel's any_spelling) reads ``vllm:x``."""
+    either = {m.replace("[:_]", ":") for m in re.findall(r'__name__=~"([A-Za-z0-9_:\[\]]+)"', expr)}
     text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
     text = _VAR.sub("1", text)  # a variable outside a matcher (a price) is a number, not a metric
     text = re.sub(r"\{[^}]*\}", "", text)
     text = re.sub(r"\[[^\]]*\]", "", text)
     text = re.sub(r"\b(by|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
     tokens = re.findall(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", text)
-    return {t for t in tokens if t.lower() not in _NOT_METRICS}
+    return either | {t for t in tokens if t.lower() not in _NOT_METRICS}
 
 
 def fill(expr: str, values: Mapping[str, str]) -> str:

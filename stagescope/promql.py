@@ -28,6 +28,13 @@ __all__ = [
     "sum_by",
 ]
 
+#: What a Prometheus stores for a colon-named engine metric (``vllm:...``, ``sglang:...``) depends on the
+#: exposition it was served: prometheus_client 0.26's OpenMetrics writer, the format Prometheus asks for
+#: first, keeps the colons in ``# TYPE`` but writes them as underscores in the sample lines
+#: (prometheus/client_python#1177, open), so a Prometheus scraping such a vLLM stores
+#: ``vllm_time_to_first_token_seconds_bucket``; the text format keeps ``vllm:...``. ``sel(...,
+#: any_spelling=True)`` matches both.
+
 
 @dataclass(frozen=True)
 class Matcher:
@@ -57,9 +64,15 @@ def rx(label: str, pattern: str) -> Matcher:
     return Matcher(label, "=~", pattern)
 
 
-def sel(metric: str, matchers: Iterable[Matcher] = (), suffix: str = "") -> str:
-    """A series selector: ``metric<suffix>{m1,m2}``; ``suffix`` is ``_bucket``, ``_sum`` or ``_count``."""
-    inner = ", ".join(str(m) for m in matchers)
+def sel(metric: str, matchers: Iterable[Matcher] = (), suffix: str = "", *, any_spelling: bool = False) -> str:
+    """A series selector: ``metric<suffix>{m1,m2}``; ``suffix`` is ``_bucket``, ``_sum`` or ``_count``.
+    ``any_spelling``: a colon-named metric is matched as written and with its colons as underscores
+    (``{__name__=~"vllm[:_]x", m1}``; see above); a name without colons is unchanged."""
+    ms = tuple(matchers)
+    if any_spelling and ":" in metric:
+        ms = (rx("__name__", f"{metric}{suffix}".replace(":", "[:_]")), *ms)
+        return "{" + ", ".join(str(m) for m in ms) + "}"
+    inner = ", ".join(str(m) for m in ms)
     return f"{metric}{suffix}{{{inner}}}" if inner else f"{metric}{suffix}"
 
 
@@ -75,19 +88,21 @@ def sum_by(expr: str, by: Iterable[str] = ()) -> str:
 
 
 def histogram_quantile(
-    q: float, metric: str, matchers: Iterable[Matcher], window: str, by: Iterable[str] = ()
+    q: float, metric: str, matchers: Iterable[Matcher], window: str, by: Iterable[str] = (), *, any_spelling: bool = False
 ) -> str:
     """The ``q`` quantile of a classic histogram over ``window``, kept apart per ``by`` label."""
-    buckets = rate(sel(metric, matchers, "_bucket"), window)
+    buckets = rate(sel(metric, matchers, "_bucket", any_spelling=any_spelling), window)
     return f"histogram_quantile({q:g}, {sum_by(buckets, ('le', *by))})"
 
 
-def mean_from_histogram(metric: str, matchers: Iterable[Matcher], window: str, by: Iterable[str] = ()) -> str:
+def mean_from_histogram(
+    metric: str, matchers: Iterable[Matcher], window: str, by: Iterable[str] = (), *, any_spelling: bool = False
+) -> str:
     """Mean observation over ``window``: ``sum(rate(_sum)) / sum(rate(_count))``, per ``by`` label."""
     ms = tuple(matchers)
     by = tuple(by)
-    num = sum_by(rate(sel(metric, ms, "_sum"), window), by)
-    den = sum_by(rate(sel(metric, ms, "_count"), window), by)
+    num = sum_by(rate(sel(metric, ms, "_sum", any_spelling=any_spelling), window), by)
+    den = sum_by(rate(sel(metric, ms, "_count", any_spelling=any_spelling), window), by)
     return f"{num} / {den}"
 
 

@@ -1,5 +1,6 @@
-"""A real Prometheus (Debian's) serving a TSDB backfilled by promtool from OpenMetrics text, for the
-tests that query a live server: bound to 127.0.0.1 on a free port, stopped on exit."""
+"""A real Prometheus (Debian's) for the tests that query a live server: serving a TSDB backfilled by
+promtool from OpenMetrics text, or scraping live targets; bound to 127.0.0.1 on a free port, stopped on
+exit."""
 
 from __future__ import annotations
 
@@ -36,16 +37,43 @@ def backfilled_prometheus(tmp_path: Path, openmetrics: str) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("prometheus did not become ready")
-            time.sleep(0.2)
+        _wait_ready(proc, url)
         yield url
     finally:
         stop_process(proc, signal.SIGTERM, 10.0)
+
+
+@contextmanager
+def scraping_prometheus(tmp_path: Path, targets: dict[str, str], interval_s: float = 1.0) -> Iterator[str]:
+    """Start Prometheus scraping ``targets`` (job -> ``host:port``, path ``/metrics``) every
+    ``interval_s`` into a TSDB under ``tmp_path``, as a deployment's would (its own Accept header, so the
+    exposition format each target negotiates is the one it serves a real Prometheus); yield its URL."""
+    jobs = "".join(
+        f"  - job_name: {job}\n    static_configs: [{{targets: ['{addr}']}}]\n" for job, addr in targets.items()
+    )
+    (tmp_path / "prometheus.yml").write_text(f"global:\n  scrape_interval: {interval_s:g}s\nscrape_configs:\n{jobs}")
+    port = free_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url)
+        yield url
+    finally:
+        stop_process(proc, signal.SIGTERM, 10.0)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            pytest.fail("prometheus did not become ready")
+        time.sleep(0.2)

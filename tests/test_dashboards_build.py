@@ -120,6 +120,7 @@ def test_llm_dashboard_defines_its_words_and_covers_vllm() -> None:
     assert "arrival at the server" in panels["Time to first token (TTFT)"]["description"]
     assert "one sample per gap" in panels["Inter-token latency (ITL)"]["description"]
     assert "(output tokens - 1)" in panels["Time per output token (TPOT)"]["description"]
+    read = set().union(*(metric_names(q.expr) for q in panel_queries(dash)))
     exprs = " ".join(q.expr for q in panel_queries(dash))
     for metric in (
         names.VLLM_TTFT,
@@ -130,8 +131,9 @@ def test_llm_dashboard_defines_its_words_and_covers_vllm() -> None:
         names.VLLM_GENERATION_TOKENS,
         names.VLLM_PREFILL_TIME,
         names.VLLM_DECODE_TIME,
-    ):
-        assert metric in exprs, metric  # fmt: skip
+    ):  # read under both spellings (test_dashboards_vllm_spellings.py)
+        assert read & {metric, f"{metric}_bucket", f"{metric}_sum", f"{metric}_count"}, metric
+        assert f'__name__=~"{metric.replace(":", "[:_]")}' in exprs, metric
     assert 'kind=~"prefill|decode"' in exprs
 
 
