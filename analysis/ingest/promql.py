@@ -27,6 +27,7 @@ from stagescope.analysis.histogram_source import HISTOGRAMS
 from stagescope.analysis.ingest.prom import Sample, insert_samples
 from stagescope.analysis.ingest.traces import FileSummary
 from stagescope.errors import UserError
+from stagescope.promql import sel
 
 if TYPE_CHECKING:
     from stagescope.analysis.ingest import Dataset
@@ -119,10 +120,9 @@ def ksm_pod_queries(span_s: float) -> list[str]:
 def name_query(metric: str) -> str:
     """The selector of ``metric`` under either spelling a Prometheus may have stored: vLLM's and
     SGLang's names have colons, which a scrape negotiated as OpenMetrics from prometheus_client 0.26
-    escapes to underscores (``vllm_num_requests_waiting``); names without a colon as they are."""
-    if ":" not in metric:
-        return metric
-    return f'{{__name__=~"{metric}|{metric.replace(":", "_")}"}}'
+    escapes to underscores (``vllm_num_requests_waiting``); names without a colon as they are. The same
+    selector the dashboards use (:func:`stagescope.promql.sel`)."""
+    return sel(metric, any_spelling=True)
 
 
 def default_step_s(start_s: float, end_s: float) -> float:
