@@ -9,7 +9,12 @@ runs: read recorded runs of ``stagescope demo --engine llama-cpp --scenario llam
   outside work sharing the cores as analysis.cpu_budget.outside_share has it (its ``ceil(outside)``
   threads get at most a busy server's share: the added server squeezes them), then unsqueezed (it
   keeps the cores it took, as many threads, or a demand under its fair share, would);
-* the lever run's measured p95.
+* the lever run's measured p95;
+
+then a second table: the outside cores over the baseline's last WINDOW_S seconds (what a look at the
+machine right before the lever run would see) and the lever run's first WINDOW_S seconds, beside the
+whole baseline's and the whole lever run's (from the recorded counters,
+``stagescope_host_cpu_competing_seconds_total`` less the run's own processes' CPU, per window).
 
 Offline, no timing: it reads the recordings only (it swaps two functions of analysis.cpu_budget for the
 re-analyses). ``python benchmarks/slot_outside.py RUN [RUN ...]``.
@@ -19,9 +24,52 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+#: The window (s) of the second table.
+WINDOW_S = 10.0
+
+_COUNTER = re.compile(r"(stagescope_process_cpu_seconds_total|stagescope_host_cpu_competing_seconds_total)"
+                      r"(\{[^}]*\})? (\S+) (\d+)$")  # fmt: skip
+
+
+def _counters(folder: Path) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """``{(metric, labels): [(s, value)]}`` of the CPU counters in a run's scrape files."""
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for f in sorted(folder.glob("scrape-*.prom")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            m = _COUNTER.match(line)
+            if m:
+                out.setdefault((m.group(1), m.group(2) or ""), []).append((int(m.group(4)) / 1000.0, float(m.group(3))))
+    return out
+
+
+def _outside(series: dict[tuple[str, str], list[tuple[float, float]]], t0: float, t1: float) -> float | None:
+    """Cores outside the run over ``[t0, t1]``: the host's competing CPU rate less the run's processes'."""
+    host, own = None, 0.0
+    for (name, _), pts in series.items():
+        p = [x for x in pts if t0 - 1e-6 <= x[0] <= t1 + 1e-6]
+        if len(p) < 2 or p[-1][0] <= p[0][0]:
+            continue
+        rate = (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0])
+        if name == "stagescope_host_cpu_competing_seconds_total":
+            host = rate
+        else:
+            own += rate
+    return None if host is None else max(0.0, host - own)
+
+
+def window_row(run: Path) -> str:
+    b, lv = _counters(run / "metrics"), _counters(run / "lever" / "metrics")
+    bt, lt = [t for p in b.values() for t, _ in p], [t for p in lv.values() for t, _ in p]
+    if not bt or not lt:
+        return f"| {run} | (no CPU counters recorded) | | | | |"
+    b0, b1, l0, l1 = min(bt), max(bt), min(lt), max(lt)
+    cells = [_outside(b, b0, b1), _outside(b, b1 - WINDOW_S, b1), _outside(lv, l0, l0 + WINDOW_S), _outside(lv, l0, l1)]
+    return f"| {run} | {l0 - b1:.0f} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |"
 
 
 def _predicted(run: Path, spec: str, outside: float, squeeze: bool) -> float:
@@ -47,8 +95,9 @@ def _predicted(run: Path, spec: str, outside: float, squeeze: bool) -> float:
                           skip_bad=True)  # fmt: skip
         rep = analyze(ds, parse_slo(spec)[0])
     finally:
-        CB.baseline_budget, CB.outside_share = keep_budget, keep_share  # type: ignore[assignment]
-    got = next((x for x in rep["levers"] if x["lever"] == "scale-out"), {}).get("predicted_p99_ms")
+        CB.baseline_budget, CB.outside_share = keep_budget, keep_share
+    lever: dict[str, Any] = next((x for x in rep["levers"] if x["lever"] == "scale-out"), {})
+    got = lever.get("predicted_p99_ms")
     if got is None:
         raise SystemExit(f"slot_outside: {run}: the re-analysis gave no scale-out prediction")
     return float(got)
@@ -83,6 +132,11 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|---|---|")
     for run in runs:
         print(row(run))
+    print(f"\n| run | s between the runs | outside cores: baseline | its last {WINDOW_S:g} s | lever run's first "
+          f"{WINDOW_S:g} s | lever run |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for run in runs:
+        print(window_row(run))
     return 0
 
 
