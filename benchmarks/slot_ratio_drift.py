@@ -3,8 +3,9 @@ llama-slots-busy scenario's servers (today's one 2-slot llama-server, the lever'
 its probe gateway, timed as the sizing probe times them (``n`` streams sent at once, sent -> last
 token) and under ``DUR`` seconds of closed-loop load (``n`` clients, each sending again as soon as its
 answer ends); prints the medians and lever / today both ways. Timing: run it under the measurement
-lock, ``flock /work/notes/measure.lock python benchmarks/slot_ratio_drift.py [DUR]`` (about a minute
-at 15 s). docs/llama_cpp_slots_operating_point.md has two runs.
+lock, ``flock /work/notes/measure.lock python benchmarks/slot_ratio_drift.py [DUR] [--pin]`` (about a
+minute at 15 s). With ``--pin`` each server is pinned to a core of its own (server.placement;
+today's server and the lever's first on the first core). docs/llama_cpp_slots_operating_point.md has the runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from stagescope.service.llama_cpp.scenarios import get_scenario
 
 
 def main(argv: list[str]) -> int:
+    pin = "--pin" in argv
+    argv = [a for a in argv if a != "--pin"]
     try:
         dur = float(argv[0]) if argv else 15.0
     except ValueError:
@@ -61,7 +64,7 @@ def main(argv: list[str]) -> int:
             t.join()
         return out[n:]  # the first n started together
 
-    with probe_servers(cfg) as now, probe_servers(lever) as new, probe_gateway(now, cfg.parallel) as g_now, \
+    with probe_servers(cfg, pin=pin) as now, probe_servers(lever, pin=pin) as new, probe_gateway(now, cfg.parallel) as g_now, \
             probe_gateway(new, lever.parallel) as g_new:  # fmt: skip
         for u in (*now, *new):
             timings(u, probe_text(w.prompt_tokens, 0), 4)  # warm-up
@@ -78,7 +81,7 @@ def main(argv: list[str]) -> int:
     med = {k: statistics.median(v) for k, v in got.items()}
     for k, v in got.items():
         print(f"{k}: {len(v)} holds, median {med[k] * 1000:.0f} ms")
-    print(f"lever / today: bursts {med['lever burst'] / med['today burst']:.2f}, "
+    print(f"servers {'pinned' if pin else 'not pinned'}; lever / today: bursts {med['lever burst'] / med['today burst']:.2f}, "
           f"sustained {med['lever sustained'] / med['today sustained']:.2f}")  # fmt: skip
     return 0
 

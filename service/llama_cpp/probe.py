@@ -51,19 +51,24 @@ def probe_text(words: int, key: int) -> str:
 
 
 @contextlib.contextmanager
-def probe_servers(cfg: Any) -> Iterator[list[str]]:
-    """``cfg.replicas`` llama-servers with settings ``cfg``, ready; their URLs. Stopped on exit."""
+def probe_servers(cfg: Any, *, pin: bool = False) -> Iterator[list[str]]:
+    """``cfg.replicas`` llama-servers with settings ``cfg``, ready; their URLs. Stopped on exit. With
+    ``pin`` each is pinned to cores of its own (server.placement, as ``serve --pin`` places a run's).
+    The sizing probe does not pin, nor does the demo: pinning did not make the lever's slot times
+    steadier (docs/llama_cpp_slots_operating_point.md, s12)."""
     from stagescope.service.llama_cpp.build import ensure_server
     from stagescope.service.llama_cpp.gguf_model import ensure_model
-    from stagescope.service.llama_cpp.server import LlamaServer
+    from stagescope.service.llama_cpp.server import LlamaServer, placement
 
     build = ensure_server()
     model = ensure_model(build.vocab())
     with tempfile.TemporaryDirectory(prefix="stagescope-llama-probe-") as tmp:
         servers: list[LlamaServer] = []
         try:
+            cpus = placement(cfg.replicas, cfg.threads) if pin else None
             for i in range(cfg.replicas):
-                servers.append(LlamaServer(build.server, model.path, cfg, log=Path(tmp) / f"llama-server-{i}.log"))
+                servers.append(LlamaServer(build.server, model.path, cfg, log=Path(tmp) / f"llama-server-{i}.log",
+                                           cpus=cpus[i] if cpus else None))  # fmt: skip
             for s in servers:
                 s.wait_ready()
                 _PIDS[s.url] = s.proc.pid

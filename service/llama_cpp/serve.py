@@ -3,7 +3,7 @@
 ::
 
     python -m stagescope.service.llama_cpp.serve --scenario llama-long-prompts [--apply-lever] \\
-        [--set parallel=8] --port 8000 --spans-out DIR [--baseline-sample 1]
+        [--set parallel=8] [--pin] --port 8000 --spans-out DIR [--baseline-sample 1]
     python -m stagescope.service.llama_cpp.serve --upstream http://127.0.0.1:8080 --slots 4 --port 8000 ...
 
 Builds (or finds cached) ``llama-server`` and the random-weight model first, starts the servers with
@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--measured-cpu", dest="measured_cpu", action="append", default=[], metavar="KEY=CORES",
                    help="the cores (CPU s / wall s) the server got in a --measured-service measurement of the same "
                         "key, exported for the scale-out model's CPU budget (repeatable)")
+    p.add_argument("--pin", action="store_true",
+                   help="pin each llama-server to cores of its own, where the cores this process may use hold "
+                        "--threads for every server (server.placement); the gateway is not pinned")
     p.add_argument("--print-config", action="store_true", help="print the engine settings as JSON and exit")
     return p  # fmt: skip
 
@@ -115,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
     from stagescope.service.llama_cpp.build import ensure_server
     from stagescope.service.llama_cpp.gateway import create_gateway_app
     from stagescope.service.llama_cpp.gguf_model import ensure_model
-    from stagescope.service.llama_cpp.server import LlamaServer
+    from stagescope.service.llama_cpp.server import LlamaServer, placement
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
@@ -135,12 +138,16 @@ def _serve(args: argparse.Namespace) -> int:
     model = ensure_model(build.vocab())
     log_dir = Path(args.log_dir) if args.log_dir else (Path(args.spans_out).parent if args.spans_out else Path("."))
     servers: list[LlamaServer] = []
+    cpus = placement(cfg.replicas, cfg.threads) if args.pin else None
     try:
         for i in range(cfg.replicas):
-            servers.append(LlamaServer(build.server, model.path, cfg, log=log_dir / f"llama-server-{i}.log"))
+            servers.append(LlamaServer(build.server, model.path, cfg, log=log_dir / f"llama-server-{i}.log",
+                                       cpus=cpus[i] if cpus else None))  # fmt: skip
         for s in servers:
             s.wait_ready()
-        print(f"llama.cpp: {cfg.replicas} llama-server(s) ready ({' '.join(s.url for s in servers)}); model "
+        pinned = ("pinned to cores " + ", ".join("+".join(map(str, sorted(c))) for c in cpus)
+                  if cpus else "not pinned")  # fmt: skip
+        print(f"llama.cpp: {cfg.replicas} llama-server(s) ready ({' '.join(s.url for s in servers)}, {pinned}); model "
               f"{model.path.name} (RANDOM WEIGHTS: real compute, meaningless text); settings {cfg.__dict__}",
               flush=True)  # fmt: skip
         app = create_gateway_app(

@@ -15,6 +15,15 @@ flag means is llama.cpp's ``tools/server/README.md``):
 
 Every server runs with ``--metrics`` (Prometheus ``llamacpp:*`` on ``/metrics``), on 127.0.0.1 and
 an OS-chosen port, its output in a log file.
+
+Placement (:func:`placement`, on request: ``serve --pin``): where the cores this process may run on hold
+``threads`` of their own for every server, server ``i`` is pinned (CPU affinity, set before exec, so
+every thread inherits it) to the ``i``-th ``threads`` of them, as a second engine on a second machine
+has cores of its own; the gateway and the load generator are not pinned (they run on whichever core
+is free). With fewer cores than that the servers are not pinned. Not the default: on this 2-core
+machine pinning did not make the lever's slot times steadier against today's
+(docs/llama_cpp_slots_operating_point.md, s12), and a pinned server cannot move off a core that
+other work holds.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import os
 import signal
 import socket
 import subprocess
@@ -29,7 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +47,7 @@ from typing import Any
 from stagescope.errors import UserError
 from stagescope.procs import stop_process
 
-__all__ = ["EngineConfig", "LlamaServer", "free_port"]
+__all__ = ["EngineConfig", "LlamaServer", "free_port", "placement"]
 
 #: Seconds a server may take to answer ``/health`` with 200 (the model loads in well under 1 s).
 READY_TIMEOUT_S = 60.0
@@ -93,6 +103,21 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
+def placement(replicas: int, threads: int, cpus: Iterable[int] | None = None) -> list[frozenset[int]] | None:
+    """The cores each of ``replicas`` servers of ``threads`` threads is pinned to: server ``i`` gets the
+    ``i``-th ``threads`` of ``cpus`` (default: the cores this process may run on, in order), or None
+    where ``cpus`` has fewer than ``replicas x threads`` (see the module docstring)."""
+    if cpus is None:
+        try:
+            cpus = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            return None
+    got = sorted(set(cpus))
+    if replicas < 1 or threads < 1 or len(got) < replicas * threads:
+        return None
+    return [frozenset(got[i * threads:(i + 1) * threads]) for i in range(replicas)]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -102,8 +127,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LlamaServer:
     """One ``llama-server`` child process; :meth:`stop` ends it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, binary: Path, model: Path, cfg: EngineConfig, *, log: Path, port: int | None = None) -> None:
+    def __init__(self, binary: Path, model: Path, cfg: EngineConfig, *, log: Path, port: int | None = None,
+                 cpus: frozenset[int] | None = None) -> None:  # fmt: skip
+        """``cpus``: the cores to pin the server to (:func:`placement`); None: not pinned."""
         self.port = port or free_port()
+        self.cpus = cpus
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [str(binary), *cfg.server_args(model, self.port)]
         self.log_path = log
@@ -111,8 +139,13 @@ class LlamaServer:
         self._log = log.open("ab")
         self.proc = subprocess.Popen(
             self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=self._prepare_child if sys.platform == "linux" else None,
         )  # fmt: skip
+
+    def _prepare_child(self) -> None:  # pragma: no cover - runs in the child before exec
+        _die_with_parent()
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)  # before exec: every thread the server starts inherits it
 
     def _last_line(self) -> str:
         self._log.flush()
