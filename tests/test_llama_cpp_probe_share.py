@@ -110,6 +110,10 @@ def test_a_starved_probe_is_repeated_and_the_rate_follows_s_at_full_cores(monkey
     assert over[f"{SP.MEASURED_CPU_PREFIX}{N.VARIANT_SERVING}"] == 0.86
     assert over[SP.MEASURED_PREFIX + SP.occupancy_key(str(sc.lever), 2, 2)] == pytest.approx(1.2 * 1.668, abs=1e-4)
     assert "1 probe(s) before ran starved" in line.splitlines()[-1]
+    # the lever's share busy: its all-busy time at full cores as S (the raw 2+2 time would say more)
+    lever = config(sc, apply_lever=True)
+    cap = lever.parallel * lever.replicas / (1.2 * 1.668 * min(1.0, 0.8))
+    assert f"{round(rate, 1) / cap:.0%} busy at that rate" in line
 
 
 def test_a_probe_starved_every_time_keeps_the_least_starved(monkeypatch: pytest.MonkeyPatch) -> None:

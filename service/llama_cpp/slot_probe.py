@@ -235,7 +235,9 @@ def size_slots(sc: Scenario) -> tuple[dict[str, Any], str]:
     service = full_core_service(measured_s, share.serving)
     rate, ttft = slot_load(service, slots=cfg.parallel * cfg.replicas)
     rate, ttft = round(rate, 1), float(max(10, round(ttft, -1)))
-    lever_cap = lever.parallel * lever.replicas / lever_service
+    # the lever's capacity from its time at full cores too, as S above: a starved probe's raw time
+    # would say the lever's servers are busier than the rate was sized for
+    lever_cap = lever.parallel * lever.replicas / full_core_service(lever_service, share.lever)
     spec = f"{sc.slo.sli}:p{sc.slo.objective * 100:g}<{ttft:g}ms"
     measured = {f"{MEASURED_PREFIX}{N.VARIANT_SERVING}": round(measured_s, 4),
                 f"{MEASURED_PREFIX}{sc.lever}": round(lever_service, 4)}  # fmt: skip
