@@ -28,13 +28,13 @@ typecheck: $(STAMP)
 # tests/conftest.py says which is which. Both run even when the first fails; the status is the worse.
 # A failed `timing` test runs once more (pytest-rerunfailures; CPython's regrtest reruns its failed
 # tests the same way): a latency bound that a stall of a shared 2-core CI machine crossed passes the
-# second time, a defect fails both times. Every rerun is listed at the end ("RERUN"): each is a flake
-# to fix, not a pass to forget.
+# second time, a defect fails both times. Every rerun is listed at the end ("RERUN") with its first
+# failure's traceback and message (--rerun-show-tracebacks): each is a flake to fix, not a pass to forget.
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
 	rc=0; \
 	$(BIN)/pytest -q -m "not timing" -n $(PYTEST_WORKERS) --dist loadfile || rc=$$?; \
-	$(BIN)/pytest -q -m timing --reruns 1 -r fER || rc=$$?; \
+	$(BIN)/pytest -q -m timing --reruns 1 --rerun-show-tracebacks -r fER || rc=$$?; \
 	exit $$rc
 
 bench: $(STAMP)

@@ -107,8 +107,9 @@ class SLIView:
     (weighting.sampling_kind_sql). Rows a histogram adds for buckets no trace fell in have no
     ``start_unix_ns`` (and no ``trace_id``); ``buckets``: that histogram's per-bucket ``(upper bound
     ms, count)`` when it is the source (the quantiles are then its ``histogram_quantile``, except
-    in the ``filled_buckets``, the upper bounds of those whose every request was traced, where they
-    are the traces' own values)."""
+    in the ``traced_buckets``, the upper bounds of those whose every request was traced or whose
+    traces are a large enough probability sample of them, where the traces' weighted values give
+    them: analysis.histogram_source)."""
 
     slo: SLO
     name: str
@@ -126,7 +127,7 @@ class SLIView:
     sampling: dict[str, Any] = field(default_factory=dict)
     sampled_traces: bool = False
     buckets: list[tuple[float, float]] | None = None
-    filled_buckets: frozenset[float] = frozenset()
+    traced_buckets: frozenset[float] = frozenset()
 
     def request_weight(self, con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
         """SQL for a ``requests`` row's sampling weight (``"1.0"`` when no traced sample has one
@@ -324,9 +325,9 @@ def quantiles(con: duckdb.DuckDBPyConnection, view: SLIView) -> dict[str, float 
     levels = {"p50": 0.5, "p95": 0.95, "p99": 0.99, "q": q, "near": neighbourhood_quantile(q)}
     if view.buckets is None:
         got = quantile_estimates(con, view.name, "value_ms", levels, view.count, view.weight)
-    else:  # histogram_quantile, except in a bucket whose every request was traced: their own values
+    else:  # histogram_quantile, except in a bucket the traces give: their (weighted) values
         got = histogram_estimates(view.buckets, levels)
-        exact = {k: x for k, x in levels.items() if quantile_bucket(view.buckets, x) in view.filled_buckets}
+        exact = {k: x for k, x in levels.items() if quantile_bucket(view.buckets, x) in view.traced_buckets}
         if exact:
             got.update(quantile_estimates(con, view.name, "value_ms", exact, view.count, view.weight))
     out: dict[str, float | None] = dict(got)

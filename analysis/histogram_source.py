@@ -6,13 +6,20 @@ PromQL's ``increase`` would; a directory of scrape files is one target, a Promet
 the quantiles are Prometheus' ``histogram_quantile`` of those counts (promql/quantile.go
 ``bucketQuantile``: rank ``q * W``, linear inside the bucket, the lowest bucket from 0, the ``+Inf``
 bucket answering the highest finite bound), so they are the figures the user's own Prometheus gives
-for the same window. One exception: in a bucket whose every request was traced (stagescope's sampler
-keeps every request slower than its slow rule, so the tail buckets often are), the traces hold the
-requests' own values and the quantile is read off them. A sample of a bucket is not used to place
-its other requests: which requests a sampler kept is rarely uniform within a bucket (tail samplers
-keep the slow and the failed), and a few traces would put a step where the histogram says nothing.
+for the same window. Two exceptions, where the traces know more than the linear assumption: a
+bucket whose every request was traced (stagescope's sampler keeps every request slower than its slow
+rule, so the tail buckets often are): the traces hold the requests' own values and the quantile is
+read off them; and a bucket whose traces are a probability sample of its requests (each kept with a
+known probability, OpenTelemetry's ``th``), at least :data:`MIN_BUCKET_SAMPLE` of them: their
+Horvitz-Thompson weights, scaled to the bucket's count, place its requests. Requests rarely spread
+evenly across a bucket (25-50 ms holding requests of 29-36 ms: ``histogram_quantile`` puts their
+median at 38 ms, off by up to half the bucket's width whatever the traffic), while the sample's
+error shrinks with its size (at most ``width * sqrt(0.25 / n)`` for ``n`` kept, a tenth of the width
+at 25). A sample of unknown probabilities (a collector's tail sampling keeps the slow and the
+failed) is not uniform within its bucket, and a few traces would put a step where the histogram
+says nothing: those buckets stay Prometheus'.
 The share over the threshold is Prometheus' ``histogram_fraction`` of the same counts (promql/quantile.go
-``BucketFraction``: linear inside the bucket holding the threshold), with the same exception. For
+``BucketFraction``: linear inside the bucket holding the threshold), with the same exceptions. For
 the rest of the analysis (the breakdown's weights, the windows) the traced
 samples in a bucket share its count (their sampling weights scaled to it), and a bucket no kept
 trace fell in gets :data:`BUCKET_POINTS` evenly spread points, as ``histogram_quantile`` assumes
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUCKET_POINTS",
     "HISTOGRAMS",
+    "MIN_BUCKET_SAMPLE",
     "SUPERSEDED_BY",
     "bucket_fraction",
     "bucket_quantile",
@@ -77,6 +85,10 @@ HISTOGRAMS: dict[str, tuple[tuple[str, str | None, str], ...]] = {
 SUPERSEDED_BY = {N.VLLM_TPOT_LEGACY: N.VLLM_ITL}
 #: Evenly spread points given to a histogram bucket no kept trace fell in (at most).
 BUCKET_POINTS = 20
+#: Traces kept with known probabilities a bucket needs for them to place its requests (as densely
+#: as the spread points of a bucket without traces): the within-bucket quantile's standard error is
+#: then at most ``sqrt(0.25 / 20)``, 11 % of the bucket's width.
+MIN_BUCKET_SAMPLE = BUCKET_POINTS
 
 
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
@@ -289,8 +301,8 @@ def share_over(con: duckdb.DuckDBPyConnection, view: SLIView, threshold: float) 
     ``histogram_fraction(threshold, +Inf)`` (:func:`bucket_fraction`; ``1 - histogram_fraction(0,
     threshold)`` for buckets above 0): every bucket above the threshold whole, the one holding it
     linearly inside, the ``+Inf`` bucket all over a finite threshold. As for the quantiles, one
-    exception: where the bucket holding the threshold had every request traced, its share over the
-    threshold is the traces' own (their weights scaled to its count)."""
+    exception: where the traces give the bucket holding the threshold (``view.traced_buckets``), its
+    share over the threshold is the traces' own (their weights scaled to its count)."""
     counts = view.buckets
     if counts is None:
         return None
@@ -298,7 +310,7 @@ def share_over(con: duckdb.DuckDBPyConnection, view: SLIView, threshold: float) 
     if over is None:
         return None
     i = next((k for k, (b, _) in enumerate(counts) if b >= threshold), None)
-    if i is None or counts[i][0] == threshold or counts[i][0] not in view.filled_buckets:
+    if i is None or counts[i][0] == threshold or counts[i][0] not in view.traced_buckets:
         return over  # (a threshold on a bound splits no bucket)
     total = sum(max(0.0, c) for _, c in counts)
     above = sum(max(0.0, c) for _, c in counts[i + 1 :])
@@ -401,7 +413,8 @@ def from_histograms(con: duckdb.DuckDBPyConnection, view: SLIView, complete: boo
 def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple[float, float]]) -> None:
     """Scale each traced sample's weight so each bucket weighs its count; spread points in buckets no
     trace fell in (no start time, so they are in the distribution, not in the windows); note the
-    buckets whose every request was traced (``view.filled_buckets``)."""
+    buckets whose traces give their values (``view.traced_buckets``): every request of it traced, or
+    at least :data:`MIN_BUCKET_SAMPLE` traced, each with a known sampling probability."""
     bounds = [b for b, _ in counts]
     finite = [b for b in bounds if math.isfinite(b)]
     bucket = (
@@ -411,11 +424,20 @@ def _calibrate(con: duckdb.DuckDBPyConnection, view: SLIView, counts: list[tuple
         if finite
         else "0"
     )
-    got = con.execute(f"SELECT {bucket} AS b, sum(w), count(*) FROM {view.name} GROUP BY 1").fetchall()
-    have = {b: w for b, w, _ in got}
-    kept = {b: n for b, _, n in got}
-    # a bucket every request of which was traced: the traces hold those requests' own values
-    view.filled_buckets = frozenset(b for i, (b, c) in enumerate(counts) if c > 0 and kept.get(i, 0) >= c - 1e-6)
+    # pk 0: the sample's probability is known (weighting.sampling_kind_sql; per-request tables only:
+    # the gaps of one stream are kept or dropped together, not a sample of gaps)
+    known = "count(*) FILTER (WHERE pk = 0)" if view.per_request and has_columns(con, view.name, "pk") else "0"
+    got = con.execute(f"SELECT {bucket} AS b, sum(w), count(*), {known} FROM {view.name} GROUP BY 1").fetchall()
+    have = {b: w for b, w, _, _ in got}
+    kept = {b: n for b, _, n, _ in got}
+    sampled = {b: n == k for b, _, n, k in got}
+    # a bucket every request of which was traced: the traces hold those requests' own values; one
+    # whose traces are a probability sample of it, large enough: their weights place its requests
+    view.traced_buckets = frozenset(
+        b
+        for i, (b, c) in enumerate(counts)
+        if c > 0 and (kept.get(i, 0) >= c - 1e-6 or (sampled.get(i, False) and kept[i] >= MIN_BUCKET_SAMPLE))
+    )
     factors, points = [], []
     for i, (b, c) in enumerate(counts):
         if not c:

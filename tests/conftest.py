@@ -10,8 +10,9 @@ a new file runs alone until someone checks it and lists it here. An entry ``file
 lists one test function of a file whose other tests stay ``timing`` (all its parametrizations).
 
 The files listed compute on recorded or synthetic data (DuckDB, polars, promtool, the builders), and
-some start a Prometheus or a stdlib HTTP stub they wait for with deadlines of tens of seconds; none
-asserts on a duration. ``tests/test_suite_split.py`` checks the list against the files.
+some start a Prometheus or a stdlib HTTP stub they wait for with deadlines of tens of seconds, and
+the wheel's test runs a 5 s demo whose exit status and files alone it checks; none asserts on a
+duration, a rate or a verdict that a slower CPU could change. ``tests/test_suite_split.py`` checks the list against the files.
 """
 
 from __future__ import annotations
@@ -55,12 +56,18 @@ PARALLEL_SAFE = frozenset(
         "test_bad_inputs.py::test_generic_bad_values",
         "test_bad_inputs.py::test_cli_row_through_the_executable",  # 17 executable starts, 60 s timeout each
         "test_cli.py",
+        # special files and unusable values: each refused in one line before any work (no service)
+        "test_cli_bad_input_files.py",
         "test_cpu_budget.py",
         "test_dashboards_build.py",
         "test_engines.py",
         "test_extras.py",
         "test_gcheap.py",
         "test_gpu_dcgm_compat.py",
+        # bad variables/arguments: one warning and the default, read in-process (no service, no clock)
+        "test_instrumentation_env_fallback.py",
+        # query strings on spans: in-process apps through httpx's ASGI transport, span attributes only
+        "test_instrumentation_query.py",
         "test_levers_cross.py",
         "test_levers_fleet.py",
         "test_levers_workload.py",
@@ -74,6 +81,9 @@ PARALLEL_SAFE = frozenset(
         "test_stack_keys.py",
         "test_stack_loader.py",
         "test_suite_split.py",
+        # the wheel in fresh venvs (pip, a file lock for a shared venv): --help, one-line refusals and a
+        # 5 s demo that must exit 0 with its files written; no latency, rate or verdict asserted
+        "test_wheel.py",
     }
 )
 
