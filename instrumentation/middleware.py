@@ -75,6 +75,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: The request headers the middleware reads (trace context; whether a body may follow).
 _READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"transfer-encoding", b"expect"})
 _getrandbits = random.getrandbits
+_HTTP_ROUTE = "http.route"
 _new_record = object.__new__
 
 
@@ -362,4 +363,14 @@ def _annotate_live_span(rec: TracedRecord, builder: SpanBuilder) -> None:
     span = rec.live_span
     rec.live_span = None
     if span is not None and span.is_recording():
-        span.set_attributes(builder.stagescope_attributes(rec))
+        attrs = builder.stagescope_attributes(rec)
+        # the stock instrumentor names a route inside a mounted app by the mount ("/admin"): the
+        # template stagescope's metrics carry ("/admin/users/{uid}", routes.py) replaces it, so the
+        # span and the metrics (and the analysis of either) name one route
+        present = getattr(span, "attributes", None)
+        stock = present.get(_HTTP_ROUTE) if present is not None and rec.route_matched else None
+        if stock is not None and stock != rec.route:
+            attrs[_HTTP_ROUTE] = rec.route
+            name = getattr(span, "name", "")
+            span.update_name(f"{name.split(' ', 1)[0]} {rec.route}" if name.endswith(" " + stock) else name)
+        span.set_attributes(attrs)
