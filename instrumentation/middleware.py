@@ -192,7 +192,12 @@ class StagescopeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        if scope["type"] != "http" or not state.enabled or scope.get("path") in state.excluded_paths:
+        if (
+            scope["type"] != "http"
+            or not state.enabled
+            or scope.get("path") in state.excluded_paths
+            or (scope.get("root_path") and _route_path(scope) in state.excluded_paths)
+        ):
             if scope["type"] == "lifespan" and state.on_shutdown is not None:
                 send = self._lifespan_send(send)
             await self.app(scope, receive, send)
@@ -357,6 +362,17 @@ class StagescopeMiddleware:
                 rec.scope = None  # TracedRecord: a context copied in the last send keeps the record
         except Exception:
             state.warn_once("publishing the request record")
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the app's routes see: the request path less the ``root_path`` it starts with (Starlette's
+    ``get_route_path``). Behind a proxy (``uvicorn --root-path /api``, ``FastAPI(root_path=...)``) the
+    server's path keeps the prefix (``/api/metrics``) while ``/metrics`` is what the route answers."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
 
 
 def _annotate_live_span(rec: TracedRecord, builder: SpanBuilder) -> None:
