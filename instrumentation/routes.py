@@ -86,8 +86,8 @@ class RouteResolver:
             from fastapi.routing import iter_route_contexts
 
             candidates: Any = iter_route_contexts(routes)
-        except ImportError:  # FastAPI < 0.137.2: routes are matchable as they are
-            candidates = routes
+        except ImportError:  # FastAPI < 0.137.2: routes are matchable as they are, but in 0.137.0-0.137.1
+            candidates = _flatten(routes)  # include_router's routes sit under an _IncludedRouter node
         route: str | None = None
         for r in candidates:
             match, child = Route.matches(r, scope) if isinstance(r, Route) else r.matches(scope)
@@ -115,6 +115,19 @@ class RouteResolver:
             return str(path)
         fmt = getattr(r, "path_format", None)  # Mount(""): "/{path}"
         return str(fmt) if fmt else None
+
+
+def _flatten(routes: Any) -> Any:
+    """The matchable routes of FastAPI 0.137.0-0.137.1 without ``iter_route_contexts``: a router added
+    by ``include_router`` is an ``_IncludedRouter`` with no path whose ``effective_route_contexts()``
+    are its routes (as opentelemetry-instrumentation-fastapi's ``_flatten_routes`` reads them); every
+    route of an app built from ``APIRouter``s was unmatched there. Older FastAPI: the routes as they are."""
+    for r in routes:
+        contexts = getattr(r, "effective_route_contexts", None)
+        if contexts is not None:
+            yield from contexts()
+        else:
+            yield r
 
 
 def _has_host(routes: Any) -> bool:

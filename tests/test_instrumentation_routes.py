@@ -199,3 +199,42 @@ def test_otel_fastapi_mode_names_the_mounted_route_as_the_metrics_do() -> None:
         ("GET /items/{item_id}", "/items/{item_id}"),
     ]
     stagescope.uninstrument_app(app)
+
+
+def test_include_router_routes_without_iter_route_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI 0.137.0 and 0.137.1 (``pyproject.toml`` allows them) nest ``include_router``'s routes
+    under an ``_IncludedRouter`` node and have no ``iter_route_contexts`` (0.137.2): the routes are read
+    through the node's ``effective_route_contexts()``. Without that every route of an app built from
+    ``APIRouter``s was ``unmatched`` there (checked against a real fastapi 0.137.0). Simulated here on
+    the installed FastAPI by taking ``iter_route_contexts`` away."""
+    import fastapi.routing
+    from fastapi import APIRouter
+
+    from stagescope.instrumentation.routes import RouteResolver
+
+    app = FastAPI()
+    v1, models = APIRouter(prefix="/v1"), APIRouter(prefix="/models")
+
+    @models.post("/{model}/predict")
+    def predict(model: str) -> dict[str, str]:
+        return {"model": model}
+
+    @v1.get("/items/{item_id}")
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    v1.include_router(models)
+    app.include_router(v1)
+    if not any(hasattr(r, "effective_route_contexts") for r in app.router.routes):
+        pytest.skip("this FastAPI does not nest included routers (before 0.137)")
+    monkeypatch.delattr(fastapi.routing, "iter_route_contexts")
+
+    def resolve(method: str, path: str) -> str | None:
+        return RouteResolver(app).resolve(
+            {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+        )
+
+    assert resolve("POST", "/v1/models/m1/predict") == "/v1/models/{model}/predict"
+    assert resolve("GET", "/v1/items/3") == "/v1/items/{item_id}"
+    assert resolve("DELETE", "/v1/items/3") == "/v1/items/{item_id}"  # 405: the partial match's template
+    assert resolve("GET", "/v2/nope") is None
