@@ -34,15 +34,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--traces", nargs="+", default=[], metavar="PATH",
-        help="trace files or directories (without them the scraped latency histograms answer, with no stage split)",
+        "--traces", nargs="+", action="extend", default=[], metavar="PATH",
+        help="trace files or directories, the option repeatable (without them the scraped latency histograms "
+        "answer, with no stage split)",
     )  # fmt: skip
-    p.add_argument("--metrics", nargs="+", default=[], metavar="PATH", help="Prometheus exposition snapshots")
+    p.add_argument(
+        "--metrics", nargs="+", action="extend", default=[], metavar="PATH",
+        help="Prometheus exposition snapshots (repeatable)",
+    )  # fmt: skip
     p.add_argument(
         "--prometheus", metavar="URL", type=http_url,
         help="a live Prometheus to range-query over the incident window",
     )  # fmt: skip
-    p.add_argument("--results", nargs="+", default=[], metavar="PATH", help="load-generator results.parquet")
+    p.add_argument(
+        "--results", nargs="+", action="extend", default=[], metavar="PATH",
+        help="load-generator results.parquet, one per run (repeatable)",
+    )  # fmt: skip
     p.add_argument(
         "--slo", required=True, metavar="SPEC",
         help="'p99<300ms', 'ttft:p95<500ms', 'itl:p99<60ms' or an SLO YAML file",

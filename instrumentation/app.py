@@ -49,8 +49,9 @@ Idempotent and symmetric: instrumenting an instrumented app returns the existing
 instrumentation, flushes and stops the span pipeline and unregisters the metric families. The
 middleware goes first in ``app.user_middleware`` (outermost of the user's middleware), or just inside
 an OpenTelemetry middleware found there (Starlette's or the ASGI ``OpenTelemetryMiddleware``, whose span
-is then the request's); an app that already served gets its middleware stack rebuilt on the next
-request.
+is then the request's), and is put there again whenever the app builds its middleware stack, so a
+middleware added after ``instrument_app`` (CORS, auth, a rate limiter) is inside it and measured; an
+app that already served gets its middleware stack rebuilt on the next request.
 """
 
 from __future__ import annotations
@@ -353,10 +354,9 @@ def instrument_app(
         )
     # like app.add_middleware, but also on an app that already served (the stack is rebuilt lazily);
     # first, or just inside a middleware that opens the request's span (so that span is the request's)
-    at = max(
-        (i + 1 for i, m in enumerate(app.user_middleware) if is_otel_server_middleware(m.cls)), default=0
-    )
-    app.user_middleware.insert(at, Middleware(StagescopeMiddleware, state=state))
+    entry = Middleware(StagescopeMiddleware, state=state)
+    _place_middleware(app, entry)
+    _keep_middleware_first(app, entry)
     app.middleware_stack = None
     handle = Instrumentation(
         app, service_name=service_name, mode=mode, metrics=metrics, policy=policy, state=state,
@@ -369,6 +369,51 @@ def instrument_app(
         state.on_shutdown = lambda: (h := ref()) is not None and h.drain()
     atexit.register(lambda: (h := ref()) is not None and not h._closed and h.drain())
     return handle
+
+
+def _place_middleware(app: Any, entry: Any) -> None:
+    """Put stagescope's middleware first in ``app.user_middleware`` (outermost of the user's), or just
+    inside a middleware there that opens the request's span (so that span is the request's)."""
+    mw = app.user_middleware
+    mw[:] = [m for m in mw if m is not entry]
+    at = max((i + 1 for i, m in enumerate(mw) if is_otel_server_middleware(m.cls)), default=0)
+    mw.insert(at, entry)
+
+
+_BUILD_ATTR = "_stagescope_build_middleware_stack"
+
+
+def _keep_middleware_first(app: Any, entry: Any) -> None:
+    """Place stagescope's middleware again whenever the app builds its middleware stack: a middleware
+    added after ``instrument_app`` (``app.add_middleware(CORSMiddleware)``, ``@app.middleware("http")``:
+    the usual order, an app is instrumented right after it is made) goes first in ``user_middleware``,
+    outside stagescope's, and its time (an auth call, a rate limiter's 429) was never measured: the
+    client's latency held it, the server's did not, and the analysis called it network."""
+    build = getattr(app, "build_middleware_stack", None)
+    if build is None or not hasattr(app, "user_middleware"):
+        return
+    previous = app.__dict__.get("build_middleware_stack")  # an instance's own (the stock instrumentor's)
+
+    def build_middleware_stack() -> Any:
+        try:
+            _place_middleware(app, entry)
+        except Exception:  # never fail the app's start for it: the order stays as the app made it
+            _log.warning("stagescope: could not place its middleware first", exc_info=True)
+        return build()
+
+    setattr(app, _BUILD_ATTR, previous)
+    app.build_middleware_stack = build_middleware_stack
+
+
+def _release_middleware_stack(app: Any) -> None:
+    """Undo :func:`_keep_middleware_first`."""
+    if _BUILD_ATTR not in app.__dict__:
+        return
+    previous = app.__dict__.pop(_BUILD_ATTR)
+    if previous is None:
+        app.__dict__.pop("build_middleware_stack", None)
+    else:
+        app.build_middleware_stack = previous
 
 
 def _guarded_hook(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -453,6 +498,7 @@ def uninstrument_app(app: Any) -> None:
         return
     handle.state.enabled = False
     app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not StagescopeMiddleware]
+    _release_middleware_stack(app)
     if handle._metrics_route in app.router.routes:
         app.router.routes.remove(handle._metrics_route)
     if handle.mode == "otel-fastapi":

@@ -75,6 +75,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: The request headers the middleware reads (trace context; whether a body may follow).
 _READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"transfer-encoding", b"expect"})
 _getrandbits = random.getrandbits
+_HTTP_ROUTE = "http.route"
 _new_record = object.__new__
 
 
@@ -191,7 +192,12 @@ class StagescopeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        if scope["type"] != "http" or not state.enabled or scope.get("path") in state.excluded_paths:
+        if (
+            scope["type"] != "http"
+            or not state.enabled
+            or scope.get("path") in state.excluded_paths
+            or (scope.get("root_path") and _route_path(scope) in state.excluded_paths)
+        ):
             if scope["type"] == "lifespan" and state.on_shutdown is not None:
                 send = self._lifespan_send(send)
             await self.app(scope, receive, send)
@@ -358,8 +364,29 @@ class StagescopeMiddleware:
             state.warn_once("publishing the request record")
 
 
+def _route_path(scope: Scope) -> str:
+    """The path the app's routes see: the request path less the ``root_path`` it starts with (Starlette's
+    ``get_route_path``). Behind a proxy (``uvicorn --root-path /api``, ``FastAPI(root_path=...)``) the
+    server's path keeps the prefix (``/api/metrics``) while ``/metrics`` is what the route answers."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
+
+
 def _annotate_live_span(rec: TracedRecord, builder: SpanBuilder) -> None:
     span = rec.live_span
     rec.live_span = None
     if span is not None and span.is_recording():
-        span.set_attributes(builder.stagescope_attributes(rec))
+        attrs = builder.stagescope_attributes(rec)
+        # the stock instrumentor names a route inside a mounted app by the mount ("/admin"): the
+        # template stagescope's metrics carry ("/admin/users/{uid}", routes.py) replaces it, so the
+        # span and the metrics (and the analysis of either) name one route
+        present = getattr(span, "attributes", None)
+        stock = present.get(_HTTP_ROUTE) if present is not None and rec.route_matched else None
+        if stock is not None and stock != rec.route:
+            attrs[_HTTP_ROUTE] = rec.route
+            name = getattr(span, "name", "")
+            span.update_name(f"{name.split(' ', 1)[0]} {rec.route}" if name.endswith(" " + stock) else name)
+        span.set_attributes(attrs)

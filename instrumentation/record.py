@@ -183,8 +183,9 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
     logged once and counted (:mod:`~stagescope.instrumentation.stagenames`); :func:`validate_stage`
     raises ``ValueError`` for them, for a check where stages are declared. Past the process's cap of
     custom names (``STAGESCOPE_MAX_CUSTOM_STAGES``, default 32) new names are recorded as
-    ``names.STAGE_OVERFLOW``. Outside a request nothing is recorded. The interval is recorded even
-    when the block raises.
+    ``names.STAGE_OVERFLOW``. Outside a request nothing is recorded, nor after its response was sent
+    (a ``BackgroundTasks`` task runs in the request's context: its time is not the request's). The
+    interval is recorded even when the block raises.
     """
 
     __slots__ = ("_record", "_start", "kind", "name")
@@ -199,7 +200,10 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
         self._record: RequestRecord | None = None  # set by __enter__, with _start
 
     def __enter__(self) -> stage:
-        self._record = _current.get()
+        rec = _current.get()
+        # a record that has ended (its last body chunk sent) is published: work after it (FastAPI's
+        # BackgroundTasks, run inside the request's context) is not the request's latency
+        self._record = rec if rec is None or rec.end_ns is None else None
         self._start = now_ns()
         return self
 

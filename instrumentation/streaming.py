@@ -21,12 +21,17 @@ Empty ``str``/``bytes`` chunks (keep-alives) count as no token and are not marke
 captured when ``instrument_stream`` is called (inside the request), so it does not matter in which task
 the response later iterates. Outside a request (and without ``record=``) chunks pass through untouched.
 Nothing of the content is recorded.
+
+A plain (sync) iterator is wrapped as one, and Starlette's ``StreamingResponse`` iterates it in its
+threadpool as it does the iterator itself: a ``def`` handler streaming from a sync generator (an
+engine's own, ``llama-cpp-python``'s, a ``TextIteratorStreamer``) gets the same figures. Before, the
+wrapper took only async iterables, and such a stream failed after its headers with ``TypeError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, TypeVar, overload
 
 from stagescope.instrumentation.record import RequestRecord, current_request, now_ns
 
@@ -42,21 +47,61 @@ def default_tokens_per_chunk(chunk: Any) -> int:
     return 1
 
 
+@overload
 def instrument_stream(
     agen: AsyncIterable[C],
     *,
     record: RequestRecord | None = None,
     tokens_per_chunk: Callable[[C], int] | None = None,
-) -> AsyncIterator[C]:
-    """Return an async iterator yielding ``agen``'s chunks unchanged while marking each token hand-off.
+) -> AsyncIterator[C]: ...
+
+
+@overload
+def instrument_stream(
+    agen: Iterable[C],
+    *,
+    record: RequestRecord | None = None,
+    tokens_per_chunk: Callable[[C], int] | None = None,
+) -> Iterator[C]: ...
+
+
+def instrument_stream(
+    agen: AsyncIterable[C] | Iterable[C],
+    *,
+    record: RequestRecord | None = None,
+    tokens_per_chunk: Callable[[C], int] | None = None,
+) -> AsyncIterator[C] | Iterator[C]:
+    """Return an iterator yielding ``agen``'s chunks unchanged while marking each token hand-off: an
+    async one for an async iterable, a plain one for a plain iterable (a sync generator).
 
     ``record``: the request record to mark (default: the current request's, captured now).
     ``tokens_per_chunk``: how many tokens a chunk carries (default: one per non-empty chunk).
     """
     rec = current_request() if record is None else record
-    if rec is None:
-        return _passthrough(agen)
-    return _instrumented(agen, rec, tokens_per_chunk or default_tokens_per_chunk)
+    count = tokens_per_chunk or default_tokens_per_chunk
+    if isinstance(agen, AsyncIterable):
+        return _passthrough(agen) if rec is None else _instrumented(agen, rec, count)
+    return iter(agen) if rec is None else _instrumented_sync(agen, rec, count)
+
+
+def _instrumented_sync(gen: Iterable[C], rec: RequestRecord, count: Callable[[C], int]) -> Iterator[C]:
+    it = iter(gen)
+    tokens = 0
+    mark = rec.mark_token
+    try:
+        for chunk in it:
+            t = now_ns()
+            n = count(chunk)
+            if n > 0:
+                mark(t)
+                tokens += n
+            yield chunk
+    finally:
+        if rec.output_tokens is None and tokens:
+            rec.output_tokens = tokens
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 async def _passthrough(agen: AsyncIterable[C]) -> AsyncIterator[C]:

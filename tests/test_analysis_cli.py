@@ -193,3 +193,24 @@ def test_metrics_only_vllm_scrape_is_answered_by_its_histograms(tmp_path, capsys
     rep = json.loads(out.read_text())
     assert rep["status"] == "no_data"
     assert any("no route label" in w and "/v1/chat/completions" in w for w in rep["warnings"])
+
+
+def test_an_input_option_given_twice_keeps_both(incident, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--traces a --traces b`` (or ``--results``/``--metrics`` twice: one per load process, a service's
+    spans beside the load generator's) reads a and b, as ``--traces a b`` does; argparse's ``nargs="+"``
+    alone kept only the last, and the first file's requests were silently left out."""
+    traces, _ = incident
+    lines = traces.read_text().splitlines(keepends=True)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(lines[: len(lines) // 2]))
+    second.write_text("".join(lines[len(lines) // 2 :]))
+
+    def requests(*args: str) -> int:
+        out = tmp_path / "r.json"
+        assert main(["analyze", *args, "--slo", "p99<300ms", "--format", "json", "--out", str(out)]) == 0
+        return int(json.loads(out.read_text())["requests"])
+
+    both = requests("--traces", str(first), str(second))
+    assert both == requests("--traces", str(traces))
+    assert requests("--traces", str(first), "--traces", str(second)) == both
+    assert requests("--traces", str(second)) < both

@@ -200,3 +200,61 @@ def test_route_for_no_slo_of_the_file_is_bad_input_before_any_work(
         assert main(["analyze", "--traces", str(missing), "--slo", str(f), "--route", route]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_requests_that_matched_no_route_are_one_route_named_as_the_metrics_name_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server span of a request no route matched is named by its method alone (HTTP semconv, as the
+    stock instrumentation and stagescope's middleware do, with no ``http.route``): the analysis read
+    those spans as routes ``GET`` and ``POST`` (a scanner's 404s "SLO p99<200ms on route GET"), while
+    the request histogram counts them under ``unmatched``. They are one route, ``unmatched``."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
+
+    import stagescope
+    from stagescope.names import UNMATCHED_ROUTE
+
+    app = FastAPI()
+    handle = stagescope.instrument_app(
+        app, service_name="s", registry=CollectorRegistry(), spans_dir=tmp_path / "spans", baseline_sample=1.0
+    )
+
+    @app.get("/v1/items/{item_id}")
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    async def call(method: str, path: str) -> int:
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
+        }  # fmt: skip
+        status: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                status.append(msg["status"])
+
+        await app(scope, receive, send)
+        return status[0]
+
+    async def drive() -> list[int]:
+        out = [await call("GET", f"/v1/items/{i}") for i in range(6)]
+        out += [await call("GET", f"/wp-admin/{i}.php") for i in range(4)]
+        return out + [await call("POST", "/nope") for _ in range(3)]
+
+    assert asyncio.run(drive()) == [200] * 6 + [404] * 7
+    assert handle.force_flush()
+    stagescope.uninstrument_app(app)
+    argv = ["analyze", "--traces", str(tmp_path / "spans"), "--slo", "p99<300ms", "--format", "json"]
+    assert main(argv) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert sorted((r["route"], r["samples"]) for r in rep["routes"]) == [
+        ("/v1/items/{item_id}", 6), (UNMATCHED_ROUTE, 7),
+    ]  # fmt: skip

@@ -46,3 +46,55 @@ def test_same_decision_as_starlette_route(
     assert got[0] == want[0]
     assert got[1].get("path_params") == want[1].get("path_params")
     assert ours.include_in_schema is False
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path", "measured"),
+    [
+        ("/metrics", "", False),
+        ("/api/metrics", "/api", False),  # uvicorn --root-path /api: the server's path keeps the prefix
+        ("/metrics", "/api", False),  # a proxy that strips the prefix, FastAPI(root_path="/api")
+        ("/api/v1/items/3", "/api", True),
+        ("/apimetrics", "/api", True),
+    ],
+)
+def test_scrapes_are_not_requests_behind_a_root_path(path: str, root_path: str, measured: bool) -> None:
+    """``/metrics`` is never measured as a request of the service, whatever root path it is served
+    under: behind ``uvicorn --root-path /api`` each scrape was recorded as a request of route
+    ``/metrics`` (a route in the request histogram, the spans and the analysis)."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
+
+    import stagescope
+
+    app = FastAPI()
+    seen: list[str] = []
+    stagescope.instrument_app(
+        app, service_name="s", registry=CollectorRegistry(), record_hook=lambda r: seen.append(r.route)
+    )
+
+    @app.get("/v1/items/{item_id}")
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": root_path,
+        "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }  # fmt: skip
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.start":
+            status.append(msg["status"])
+
+    asyncio.run(app(scope, receive, send))
+    assert seen == ([seen[0]] if measured else []), seen
+    if not measured:
+        assert status == [200]
+    stagescope.uninstrument_app(app)

@@ -99,9 +99,10 @@ def test_a_kept_request_keeps_its_scope_for_the_span_thread(tmp_path: Any) -> No
         handle.shutdown()
 
 
-def _serve_uvicorn(app: Any, requests: int) -> Any:
-    """``requests`` GETs of /item on one keep-alive connection to a real uvicorn server (in a thread);
-    returns the contexts of the timer handles in the server loop's heap after them."""
+def _serve_uvicorn(app: Any, requests: int, asgi: Any = None) -> Any:
+    """``requests`` GETs of /item on one keep-alive connection to a real uvicorn server (in a thread)
+    serving ``asgi`` (default: ``app``); returns the contexts of the timer handles in the server loop's
+    heap after them."""
     import http.client
     import threading
     import time
@@ -115,7 +116,7 @@ def _serve_uvicorn(app: Any, requests: int) -> Any:
         loops.append(asyncio.get_running_loop())
         return {"ok": True}
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(asgi or app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -157,7 +158,7 @@ def test_a_users_middleware_outside_still_sees_the_record_in_the_last_send(tmp_p
     app, handle = _app(spans_dir=tmp_path / "spans", baseline_sample=0.0, slow_threshold_ms=60_000)
     seen: list[Any] = []
 
-    class Outer:  # added after instrument_app: outside stagescope's middleware
+    class Outer:  # wraps the app: outside stagescope's middleware (one added to the app goes inside)
         def __init__(self, app: Any) -> None:
             self.app = app
 
@@ -169,9 +170,8 @@ def test_a_users_middleware_outside_still_sees_the_record_in_the_last_send(tmp_p
 
             await self.app(scope, receive, wrapped if scope["type"] == "http" else send)
 
-    app.add_middleware(Outer)
     try:
-        _serve_uvicorn(app, 5)
+        _serve_uvicorn(app, 5, asgi=Outer(app))
         item = [(rec, span) for rec, span in seen if rec is not None and rec.route == "/item"]
         assert len(item) == 5
         assert all(span.get_span_context().span_id == rec.span_id for rec, span in item)

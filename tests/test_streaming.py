@@ -181,3 +181,49 @@ def test_through_an_instrumented_fastapi_app(clean_telemetry_env: None) -> None:
     assert rec.token_gaps_s() == pytest.approx(true_gaps, abs=TOLERANCE_S)
     assert rec.end_ns is not None and rec.end_ns >= rec.token_ns[-1]  # the request covers the whole stream
     assert reg.get_sample_value(f"{names.METRIC_INTER_TOKEN}_count", {"model": "llm"}) == len(true_gaps)
+
+
+def test_a_sync_generator_from_a_sync_handler(clean_telemetry_env: None) -> None:
+    """A ``def`` handler streaming a sync generator (an engine's own, ``llama-cpp-python``'s, a
+    ``TextIteratorStreamer``): Starlette iterates it in its threadpool, and ``instrument_stream`` wraps it
+    as a sync iterator with the same accuracy. Before, it took only async iterables: the stream failed
+    after its headers (``TypeError: 'generator' object is not an async iterable``), the telemetry
+    breaking the request."""
+    from collections.abc import Iterator
+
+    import httpx
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    import stagescope
+
+    emitted: list[int] = []
+    records: list[RequestRecord] = []
+    app = FastAPI()
+
+    def tokens() -> Iterator[str]:
+        for i, d in enumerate(DELAYS_MS):
+            time.sleep(d / 1000)
+            emitted.append(time.perf_counter_ns())
+            yield f"tok{i} "
+
+    @app.get("/v1/generate")
+    def generate() -> StreamingResponse:  # sync: runs in the threadpool, as does the iteration
+        return StreamingResponse(instrument_stream(tokens()), media_type="text/plain")
+
+    stagescope.instrument_app(app, service_name="t", registry=CollectorRegistry(), record_hook=records.append)
+
+    async def main() -> tuple[int, str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.get("/v1/generate")
+            return r.status_code, r.text
+
+    status, text = asyncio.run(main())
+    assert status == 200 and text == "".join(f"tok{i} " for i in range(len(DELAYS_MS)))
+    (rec,) = records
+    assert rec.error_type is None and rec.output_tokens == len(DELAYS_MS)
+    assert rec.ttft_s == pytest.approx((emitted[0] - rec.start_ns) / 1e9, abs=TOLERANCE_S)
+    true_gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(emitted)]
+    assert rec.token_gaps_s() == pytest.approx(true_gaps, abs=TOLERANCE_S)
+    # outside a request a sync iterable passes through as it is
+    assert list(instrument_stream(iter(["a", "b"]))) == ["a", "b"]

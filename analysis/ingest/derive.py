@@ -73,6 +73,11 @@ from stagescope.analysis.ingest.spans import (
 from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
+#: Names an HTTP server span has when no route matched (semconv: the method alone; "HTTP" for others).
+_METHOD_NAMES = ", ".join(
+    f"'{m}'" for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "HTTP")
+)
+
 __all__ = ["REQUEST_COLUMNS", "derive_sql", "sampling_p_sql"]
 
 REQUEST_COLUMNS = {
@@ -181,8 +186,12 @@ SELECT * FROM _cand s WHERE NOT EXISTS (SELECT 1 FROM _inner i WHERE i.trace_id 
         f"""CREATE OR REPLACE {kind} requests AS
 SELECT s.trace_id, s.span_id, s.service, s.name,
   -- SGLang's root span name carries the request id ("[role] Req <rid>"): its route is the name without it
+  -- a server span named by its method alone matched no route (HTTP semconv: "{{method}}", "HTTP" for
+  -- another method): the route stagescope's metrics give it, not one route per method
   coalesce(s.route, CASE WHEN e.span_id = s.span_id AND e.source = '{names.SOURCE_SGLANG}'
-                         THEN trim(regexp_replace(s.name, 'Req \\S+$', 'Req')) END, s.name) AS route,
+                         THEN trim(regexp_replace(s.name, 'Req \\S+$', 'Req')) END,
+           CASE WHEN s.kind = {KIND_SERVER} AND s.name IN ({_METHOD_NAMES}) THEN '{names.UNMATCHED_ROUTE}' END,
+           s.name) AS route,
   coalesce(s.model, e.model) AS model,
   CAST(s.http_status AS INTEGER) AS status_code,
   (coalesce(s.http_status, 0) >= 500 OR s.otel_status = 2) AS is_error,
