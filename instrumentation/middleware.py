@@ -46,7 +46,8 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from stagescope.instrumentation.disconnect import ClientWatch, is_disconnect_error, log_client_closed
 from stagescope.instrumentation.otel_context import (
     SPAN_KEY,
-    attach_request_context,
+    _Context,
+    _RequestSpan,
     current_context,
     detach_request_context,
     join_live_span,
@@ -77,6 +78,7 @@ _READ_HEADERS = frozenset({b"traceparent", b"tracestate", b"content-length", b"t
 _getrandbits = random.getrandbits
 _HTTP_ROUTE = "http.route"
 _new_record = object.__new__
+_new_span = object.__new__
 
 
 RecordHook = Callable[[TracedRecord], None]
@@ -117,7 +119,7 @@ class _Exchange(ClientWatch):
     the status; the last body chunk ends the record). One object per request rather than two closures
     and their six cells: what a request holds is fewer objects for the garbage collector to count."""
 
-    __slots__ = ("_finish", "_finish_first", "_otel_token", "_quiet", "_send", "_token")
+    __slots__ = ("_finish_first", "_mw", "_otel_token", "_quiet", "_send", "_token")
 
     def __init__(
         self,
@@ -125,12 +127,12 @@ class _Exchange(ClientWatch):
         send: Send,
         rec: TracedRecord,
         body_done: bool,
-        finish: Callable[[TracedRecord], None],
+        mw: StagescopeMiddleware,
         finish_first: bool,
     ) -> None:
         ClientWatch.__init__(self, receive, rec, body_done)
         self._send = send
-        self._finish = finish
+        self._mw = mw  # its _finish ends the record (the middleware, not a bound method made per request)
         self._finish_first = finish_first
         self._quiet = not finish_first and server_send_only(send)
         self._token: Any = None  # of the record's context variable, and of the OpenTelemetry context
@@ -141,26 +143,32 @@ class _Exchange(ClientWatch):
         if self.closed:
             rec.status_code = STATUS_CODE_CLIENT_CLOSED
             log_client_closed(rec.method, rec.route, during)
-        self._finish(rec)
+        self._mw._finish(rec)
 
-    async def send_wrapper(self, message: Message) -> None:
+    def send_wrapper(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``. Not a coroutine function itself: a message that needs nothing after it
+        (the response's start, a body chunk that is not the last) is the server's ``send`` as it is,
+        with no coroutine of stagescope's made and run around it; the last chunk goes through
+        :meth:`_send_last`."""
         mtype = message["type"]
-        if mtype == "http.response.body":
-            if not message.get("more_body", False) and self.record.end_ns is None:
-                if self._finish_first:
-                    self.end()
-                    await self._send(message)
-                    return
-                if self._quiet:  # only the server's code runs in it: out of the context its timer copies
-                    await self._send_outside(message)
-                else:
-                    await self._send(message)
-                self.end()
-                return
-        elif mtype == "http.response.start":
+        if mtype == "http.response.start":
             self.record.status_code = message["status"]
-        await self._send(message)
+        elif (
+            mtype == "http.response.body" and not message.get("more_body", False) and self.record.end_ns is None
+        ):
+            return self._send_last(message)
+        return self._send(message)
 
+    async def _send_last(self, message: Message) -> None:
+        if self._finish_first:
+            self.end()
+            await self._send(message)
+            return
+        if self._quiet:  # only the server's code runs in it: out of the context its timer copies
+            await self._send_outside(message)
+        else:
+            await self._send(message)
+        self.end()
 
     async def _send_outside(self, message: Message) -> None:
         """The last send with the record's context variable and the request's OpenTelemetry context
@@ -206,15 +214,22 @@ class StagescopeMiddleware:
             rec, no_body, otel_current = self._open(scope)
             # a live request span (another instrumentation's) ends inside the last send, so the record
             # is finished (and the span annotated) just before that chunk is handed over.
-            exchange = _Exchange(receive, send, rec, no_body, self._finish, rec.live_span is not None)
+            exchange = _Exchange(receive, send, rec, no_body, self, rec.live_span is not None)
         except Exception:
             state.warn_once("opening the request record")
             await self.app(scope, receive, send)
             return
         exchange._token = _current.set(rec)
         # our own span is the request span: make its ids the current OpenTelemetry context
+        # (attach_request_context(rec, otel_current), inline: two calls less per request)
         if rec.live_span is None:
-            exchange._otel_token = attach_request_context(rec, otel_current)
+            span = _new_span(_RequestSpan)
+            span._trace_id = rec.trace_id
+            span._span_id = rec.span_id
+            span._context = None
+            exchange._otel_token = set_context(
+                _Context({**otel_current, SPAN_KEY: span}) if otel_current else _Context({SPAN_KEY: span})
+            )
         try:
             await self.app(scope, exchange, exchange.send_wrapper)
         except BaseException as exc:
@@ -228,8 +243,12 @@ class StagescopeMiddleware:
                 self._finish(rec)
             raise
         finally:
-            if exchange._otel_token is not None:
-                detach_request_context(exchange._otel_token)
+            otel_token = exchange._otel_token
+            if otel_token is not None:
+                try:  # detach_request_context(otel_token), inline
+                    reset_context(otel_token)
+                except Exception:  # it says why, through OpenTelemetry's own detach
+                    detach_request_context(otel_token)
             _current.reset(exchange._token)
             exchange.stop()
             if rec.end_ns is None:  # the app returned without finishing its response

@@ -194,7 +194,10 @@ class stage:  # lower-case: used like a function: ``with stagescope.stage("prepr
         self.name: str
         self.kind: str
         try:  # resolve_stage's cache read here: a stage() per block is common
-            self.name, self.kind = _stagenames._NAMES._cache[(name, kind)]  # type: ignore[union-attr]
+            if kind is None:  # the common call, stage(name): a look-up by the name alone, no tuple key
+                self.name, self.kind = _stagenames._NAMES._plain[name]  # type: ignore[union-attr]
+            else:
+                self.name, self.kind = _stagenames._NAMES._cache[(name, kind)]  # type: ignore[union-attr]
         except (AttributeError, KeyError, TypeError):  # no registry yet, a new name, an unhashable one
             self.name, self.kind = resolve_stage(name, kind)
         self._record: RequestRecord | None = None  # set by __enter__, with _start

@@ -27,43 +27,46 @@ _SERVER_SENDS = (
 #: Pass-through wrappers (code that only notes the message and awaits the ``send`` it closes over).
 _PASS_THROUGH = (("starlette/middleware/errors.py", "ServerErrorMiddleware.__call__.<locals>._send"),)
 
-# code object -> "server" | index of the wrapped send in the closure | None (anything else)
-_kinds: dict[CodeType, Any] = {}
-_UNSEEN = object()
+# id of a code object -> (the code object, _SERVER | index of the wrapped send in the closure | None).
+# Keyed by id, not by the code object: a code object's hash is computed from its contents every time
+# (about a thousand machine instructions), an int's is itself. The entry holds the code object, so
+# its id cannot be reused while the entry exists.
+_kinds: dict[int, tuple[CodeType, Any]] = {}
+_UNSEEN = (None, None)
+_SERVER = -1  # the kind of a server's own send (a pass-through's kind is its closure index, >= 0)
 
 
 def _kind(code: CodeType) -> Any:
-    try:
-        return _kinds[code]
-    except KeyError:
-        pass
+    entry = _kinds.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
     name = code.co_filename.replace("\\", "/")
     kind: Any = None
     if any(name.endswith(f) and code.co_qualname == q for f, q in _SERVER_SENDS):
-        kind = "server"
+        kind = _SERVER
     elif "send" in code.co_freevars and any(
         name.endswith(f) and code.co_qualname == q for f, q in _PASS_THROUGH
     ):
         kind = code.co_freevars.index("send")
     if len(_kinds) < 256:
-        _kinds[code] = kind
+        _kinds[id(code)] = (code, kind)
     return kind
 
 
 def server_send_only(send: Any, depth: int = 4) -> bool:
     """True when ``send`` is the server's (uvicorn's) own, reached through at most ``depth`` of
     Starlette's pass-through wrappers; False for anything else (and for anything unexpected)."""
-    for _ in range(depth):
+    while depth > 0:  # not ``for _ in range(depth)``: a range and its iterator per request cost more
+        depth -= 1
         try:  # a function, or a bound method (which passes __code__ and __closure__ on from its function)
             code = send.__code__
         except AttributeError:
             return False
-        kind = _kinds.get(code, _UNSEEN)  # _kind's cache read here: this runs for every request
-        if kind is _UNSEEN:
-            kind = _kind(code)
+        entry = _kinds.get(id(code), _UNSEEN)  # _kind's cache read here: this runs for every request
+        kind = entry[1] if entry[0] is code else _kind(code)
         if kind is None:
             return False
-        if kind == "server":
+        if kind is _SERVER:
             return True
         try:
             send = send.__closure__[kind].cell_contents

@@ -102,6 +102,9 @@ class StageNames:
         self._cache: dict[tuple[str, str | None], tuple[str, str]] = {
             (s, k): (s, N.STAGE_KINDS[s]) for s in N.STAGES for k in (None, N.STAGE_KINDS[s])
         }
+        #: name -> what ``_cache[(name, None)]`` holds: ``stage(name)`` without a kind reads it with no
+        #: tuple to build and hash (filled and bounded with ``_cache``)
+        self._plain: dict[str, tuple[str, str]] = {s: (s, N.STAGE_KINDS[s]) for s in N.STAGES}
         #: custom name -> its kind, in the order admitted
         self.custom: dict[str, str] = {}
         self.folded_names = 0  # distinct names folded (remembered ones only)
@@ -165,6 +168,8 @@ class StageNames:
                     self.folded_names += 1
             if problem is None:
                 self._cache[(name, kind)] = out
+                if kind is None:
+                    self._plain[name] = out
         if problem is not None:  # _lenient takes the lock itself
             return self._reject(name, kind, problem, strict)
         return out
