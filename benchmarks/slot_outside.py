@@ -29,11 +29,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stagescope import names as N
+
 #: The window (s) of the second table.
 WINDOW_S = 10.0
 
-_COUNTER = re.compile(r"(stagescope_process_cpu_seconds_total|stagescope_host_cpu_competing_seconds_total)"
-                      r"(\{[^}]*\})? (\S+) (\d+)$")  # fmt: skip
+_COUNTER = re.compile(f"({N.METRIC_PROCESS_CPU}|{N.METRIC_HOST_CPU_COMPETING})" r"(\{[^}]*\})? (\S+) (\d+)$")
 
 
 def _counters(folder: Path) -> dict[tuple[str, str], list[tuple[float, float]]]:
@@ -55,7 +56,7 @@ def _outside(series: dict[tuple[str, str], list[tuple[float, float]]], t0: float
         if len(p) < 2 or p[-1][0] <= p[0][0]:
             continue
         rate = (p[-1][1] - p[0][1]) / (p[-1][0] - p[0][0])
-        if name == "stagescope_host_cpu_competing_seconds_total":
+        if name == N.METRIC_HOST_CPU_COMPETING:
             host = rate
         else:
             own += rate

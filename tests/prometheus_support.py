@@ -29,18 +29,8 @@ def backfilled_prometheus(tmp_path: Path, openmetrics: str) -> Iterator[str]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-         "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(proc, url)
+    with _prometheus(tmp_path / "prometheus.yml", data, "--storage.tsdb.retention.time=100y") as url:
         yield url
-    finally:
-        stop_process(proc, signal.SIGTERM, 10.0)
 
 
 @contextmanager
@@ -52,9 +42,16 @@ def scraping_prometheus(tmp_path: Path, targets: dict[str, str], interval_s: flo
         f"  - job_name: {job}\n    static_configs: [{{targets: ['{addr}']}}]\n" for job, addr in targets.items()
     )
     (tmp_path / "prometheus.yml").write_text(f"global:\n  scrape_interval: {interval_s:g}s\nscrape_configs:\n{jobs}")
+    with _prometheus(tmp_path / "prometheus.yml", tmp_path / "data") as url:
+        yield url
+
+
+@contextmanager
+def _prometheus(config: Path, data: Path, *flags: str) -> Iterator[str]:
+    """Prometheus on ``config`` and the TSDB ``data``, on 127.0.0.1 and a free port, until ready."""
     port = free_port()
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}", *flags,
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -244,12 +244,12 @@ def test_requests_that_matched_no_route_are_one_route_named_as_the_metrics_name_
         await app(scope, receive, send)
         return status[0]
 
-    async def drive() -> list[int]:
+    async def thirteen_requests() -> list[int]:
         out = [await call("GET", f"/v1/items/{i}") for i in range(6)]
         out += [await call("GET", f"/wp-admin/{i}.php") for i in range(4)]
         return out + [await call("POST", "/nope") for _ in range(3)]
 
-    assert asyncio.run(drive()) == [200] * 6 + [404] * 7
+    assert asyncio.run(thirteen_requests()) == [200] * 6 + [404] * 7
     assert handle.force_flush()
     stagescope.uninstrument_app(app)
     argv = ["analyze", "--traces", str(tmp_path / "spans"), "--slo", "p99<300ms", "--format", "json"]
