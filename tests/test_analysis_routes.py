@@ -10,6 +10,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from asgi_support import asgi_request
 
 from stagescope.analysis import routes as R
 from stagescope.analysis import synth_scenarios as S
@@ -227,22 +228,7 @@ def test_requests_that_matched_no_route_are_one_route_named_as_the_metrics_name_
         return {"id": item_id}
 
     async def call(method: str, path: str) -> int:
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
-        }  # fmt: skip
-        status: list[int] = []
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(msg: dict[str, Any]) -> None:
-            if msg["type"] == "http.response.start":
-                status.append(msg["status"])
-
-        await app(scope, receive, send)
-        return status[0]
+        return (await asgi_request(app, method, path))[0]
 
     async def thirteen_requests() -> list[int]:
         out = [await call("GET", f"/v1/items/{i}") for i in range(6)]

@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+from asgi_support import asgi_call
 from fastapi import BackgroundTasks, FastAPI
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -17,30 +18,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 import stagescope
-
-
-def _get(app: Any, path: str) -> int:
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }  # fmt: skip
-    status: list[int] = []
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status.append(msg["status"])
-
-    asyncio.run(app(scope, receive, send))
-    return status[0]
 
 
 def test_a_background_task_stage_is_not_the_requests() -> None:
@@ -71,7 +48,7 @@ def test_a_background_task_stage_is_not_the_requests() -> None:
         return {"id": item_id}
 
     for i in range(3):
-        assert _get(app, f"/items/{i}") == 200
+        assert asgi_call(app, "GET", f"/items/{i}")[0] == 200
     assert handle.force_flush()
     assert [[iv.stage for iv in rec.stages] for rec in records] == [["lookup"]] * 3
     names = sorted({s.name for s in exporter.get_finished_spans()})

@@ -62,8 +62,7 @@ def test_scrapes_are_not_requests_behind_a_root_path(path: str, root_path: str, 
     """``/metrics`` is never measured as a request of the service, whatever root path it is served
     under: behind ``uvicorn --root-path /api`` each scrape was recorded as a request of route
     ``/metrics`` (a route in the request histogram, the spans and the analysis)."""
-    import asyncio
-
+    from asgi_support import asgi_call
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
@@ -79,22 +78,8 @@ def test_scrapes_are_not_requests_behind_a_root_path(path: str, root_path: str, 
     async def item(item_id: int) -> dict[str, int]:
         return {"id": item_id}
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": root_path,
-        "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }  # fmt: skip
-    status: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status.append(msg["status"])
-
-    asyncio.run(app(scope, receive, send))
+    status, _ = asgi_call(app, "GET", path, root_path=root_path)
     assert seen == ([seen[0]] if measured else []), seen
     if not measured:
-        assert status == [200]
+        assert status == 200
     stagescope.uninstrument_app(app)

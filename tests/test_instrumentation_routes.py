@@ -8,42 +8,15 @@ to the end once those routes exist, unless another route also answers its path (
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
+from asgi_support import asgi_call
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 import stagescope
 from stagescope import names
-
-
-def _call(app: Any, method: str, path: str, host: bytes = b"test") -> tuple[int, bytes]:
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", host)], "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }  # fmt: skip
-    out: dict[str, Any] = {"body": b""}
-
-    sent = False
-
-    async def receive() -> dict[str, Any]:  # the body, then nothing until the response is done (as a server)
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            out["status"] = msg["status"]
-        elif msg["type"] == "http.response.body":
-            out["body"] += msg.get("body", b"")
-
-    asyncio.run(app(scope, receive, send))
-    return out["status"], out["body"]
 
 
 def test_metrics_route_goes_last_when_routes_come_after_instrumenting() -> None:
@@ -55,9 +28,9 @@ def test_metrics_route_goes_last_when_routes_come_after_instrumenting() -> None:
         return {"id": item_id}
 
     assert app.router.routes[-1] is not handle._metrics_route
-    assert _call(app, "GET", "/items/3") == (200, b'{"id":3}')
+    assert asgi_call(app, "GET", "/items/3") == (200, b'{"id":3}')
     assert app.router.routes[-1] is handle._metrics_route
-    status, body = _call(app, "GET", "/metrics")
+    status, body = asgi_call(app, "GET", "/metrics")
     assert status == 200 and names.METRIC_REQUEST_DURATION.encode() in body
     assert b'route="/items/{item_id}"' in body
     stagescope.uninstrument_app(app)
@@ -72,9 +45,9 @@ def test_metrics_route_stays_before_a_catch_all_route() -> None:
         return {"page": path}
 
     at = app.router.routes.index(handle._metrics_route)
-    assert _call(app, "GET", "/about") == (200, b'{"page":"about"}')
+    assert asgi_call(app, "GET", "/about") == (200, b'{"page":"about"}')
     assert app.router.routes.index(handle._metrics_route) == at  # not moved behind the catch-all
-    status, body = _call(app, "GET", "/metrics")
+    status, body = asgi_call(app, "GET", "/metrics")
     assert status == 200 and names.METRIC_REQUEST_DURATION.encode() in body
     stagescope.uninstrument_app(app)
 
@@ -112,7 +85,7 @@ def test_a_mounted_sub_app_has_its_own_route_templates(tmp_path: Any) -> None:
         Mount("/raw", routes=[Mount("/deep", routes=[Route("/z/{zid}", lambda r: PlainTextResponse("z"))])])
     )
     for path in ("/admin/users/1", "/admin/users/2", "/admin/health", "/raw/deep/z/9", "/admin/nope"):
-        _call(app, "GET", path)
+        asgi_call(app, "GET", path)
     assert seen == [
         "/admin/users/{uid}",
         "/admin/users/{uid}",
@@ -120,7 +93,7 @@ def test_a_mounted_sub_app_has_its_own_route_templates(tmp_path: Any) -> None:
         "/raw/deep/z/{zid}",
         "unmatched",
     ]
-    status, body = _call(app, "GET", "/metrics")
+    status, body = asgi_call(app, "GET", "/metrics")
     assert status == 200 and b'route="/admin/users/{uid}"' in body and b'route="/admin"' not in body
     stagescope.uninstrument_app(app)
 
@@ -147,15 +120,15 @@ def test_a_mount_at_the_root_is_one_route_not_one_per_path(tmp_path: Any) -> Non
     )
     app.mount("/", StaticFiles(directory=tmp_path))
     for i in range(20):
-        assert _call(app, "GET", f"/chunk-{i}.js")[0] == 200
-    assert _call(app, "GET", "/wp-login.php")[0] == 404
-    assert _call(app, "GET", "/api/items/3")[0] == 200
+        assert asgi_call(app, "GET", f"/chunk-{i}.js")[0] == 200
+    assert asgi_call(app, "GET", "/wp-login.php")[0] == 404
+    assert asgi_call(app, "GET", "/api/items/3")[0] == 200
     assert set(seen) == {"/{path}", "/api/items/{item_id}"} and seen.count("/{path}") == 21
     del seen[:]
-    assert _call(app, "GET", "/h/5", host=b"api.example.com")[0] == 200
-    assert _call(app, "GET", "/h/5")[0] == 404  # the same path on another host: the static files'
+    assert asgi_call(app, "GET", "/h/5", host=b"api.example.com")[0] == 200
+    assert asgi_call(app, "GET", "/h/5")[0] == 404  # the same path on another host: the static files'
     assert seen == ["/h/{hid}", "/{path}"]
-    status, body = _call(app, "GET", "/metrics")
+    status, body = asgi_call(app, "GET", "/metrics")
     assert status == 200 and names.METRIC_REQUEST_DURATION.encode() in body
     assert b"chunk-" not in body
     stagescope.uninstrument_app(app)
@@ -186,8 +159,8 @@ def test_otel_fastapi_mode_names_the_mounted_route_as_the_metrics_do() -> None:
     stagescope.instrument_app(
         app, service_name="s", registry=CollectorRegistry(), mode="otel-fastapi", tracer_provider=provider
     )
-    assert _call(app, "GET", "/admin/users/7")[0] == 200
-    assert _call(app, "GET", "/items/3")[0] == 200
+    assert asgi_call(app, "GET", "/admin/users/7")[0] == 200
+    assert asgi_call(app, "GET", "/items/3")[0] == 200
     provider.force_flush()
     server = [
         (s.name, (s.attributes or {}).get("http.route"))

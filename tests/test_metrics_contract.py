@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
+from asgi_support import asgi_request
 from metrics_app import build_app
 
 # family name (counters without _total, as OpenMetrics names families) -> type
@@ -129,32 +130,8 @@ def test_metrics_endpoint_serves_every_family_with_exemplars(tmp_path: Path) -> 
     assert not any(t in text.text for t in exemplar_ids)
 
 
-def _asgi_call(app: Any, method: str, path: str, query: str) -> Any:
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query.encode(),
-        "root_path": "", "headers": [(b"host", b"test")], "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }  # fmt: skip
-    status: list[int] = []
-    sent_body = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client never disconnects; the server cancels this wait
-        raise AssertionError("unreachable")
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status.append(msg["status"])
-
-    async def call() -> int:
-        await app(scope, receive, send)
-        return status[0]
-
-    return call()
+async def _asgi_call(app: Any, method: str, path: str, query: str) -> int:
+    return (await asgi_request(app, method, path, query=query))[0]
 
 
 def test_ten_thousand_random_paths_and_models_keep_series_bounded() -> None:
