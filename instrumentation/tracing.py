@@ -59,6 +59,7 @@ from stagescope.names import (
     ENV_RECORD_QUERY,
     GENAI_USAGE_INPUT_TOKENS,
     GENAI_USAGE_OUTPUT_TOKENS,
+    HTTP_KNOWN_METHODS,
     QUERY_REDACTED,
     VLLM_ATTR_E2E,
     VLLM_ATTR_TTFT,
@@ -80,9 +81,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _STATUS_UNSET = Status(StatusCode.UNSET)
 #: At most this many inter-token gaps are listed in ``stagescope.itl.gaps`` (the summary uses all).
 MAX_TOKEN_GAPS = 4096
-_KNOWN_METHODS = frozenset(
-    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY"}
-)
+_KNOWN_METHODS = HTTP_KNOWN_METHODS
 
 _getrandbits = random.getrandbits
 

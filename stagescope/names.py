@@ -683,6 +683,11 @@ LABEL_BUSY_OTHERS: Final = "busy_others"  # busy slots of the other servers on t
 VARIANT_SERVING: Final = "serving"  # the model as it is served now
 OTHER_MODEL: Final = "other"  # folded value for models outside the configured set
 UNMATCHED_ROUTE: Final = "unmatched"  # route label for paths that match no route template
+#: The HTTP methods OpenTelemetry's HTTP semantic conventions know (``http.request.method``); a server
+#: span of another method is named "HTTP" (and its method attribute ``_OTHER``).
+HTTP_KNOWN_METHODS: Final = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY"}
+)
 
 # A request whose client went away before the answer was complete (mid-upload, while the server
 # worked, or mid-stream): not a server error. Recorded with HTTP status 499 (nginx's "client closed

@@ -74,9 +74,7 @@ from stagescope.analysis.keys import key_sql, request_keys_sql
 from stagescope.analysis.kinds import kind_sql
 
 #: Names an HTTP server span has when no route matched (semconv: the method alone; "HTTP" for others).
-_METHOD_NAMES = ", ".join(
-    f"'{m}'" for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "HTTP")
-)
+_METHOD_NAMES = ", ".join(f"'{m}'" for m in sorted({*names.HTTP_KNOWN_METHODS, "HTTP"}))
 
 __all__ = ["REQUEST_COLUMNS", "derive_sql", "sampling_p_sql"]
 
